@@ -1,0 +1,442 @@
+//! The `keel` command line: argument parsing, printing and exit codes; nothing else.
+
+mod print;
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use keel_core::run::Run;
+use keel_core::state::RunState;
+use keel_engine::{Actor, EngineError, Observer, Progress, ResumeOptions};
+use keel_store::{Store, StoreError};
+
+/// Exit codes: how the run stopped, for scripts.
+mod exit {
+    pub const COMPLETED: u8 = 0;
+    pub const INTERNAL: u8 = 1;
+    pub const USAGE: u8 = 2;
+    pub const WAITING: u8 = 3;
+    pub const BLOCKED: u8 = 4;
+    pub const FAILED: u8 = 5;
+}
+
+#[derive(Parser)]
+#[command(
+    name = "keel",
+    version,
+    about = "A durable harness for long-running agents: contracts, budgets, verified checkpoints, resume from facts.",
+    after_help = "Exit codes: 0 completed, 3 waiting for a human, 4 blocked, 5 failed, 2 usage error or invalid contract, 1 internal error."
+)]
+struct Cli {
+    /// The store (SQLite file). Default: `.keel/keel.db` beside the contract for `run`, else the
+    /// nearest `.keel/keel.db` in this directory or its parents.
+    #[arg(long, global = true, env = "KEEL_STORE")]
+    store: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write a commented contract template to start from.
+    Init {
+        /// Where to write it.
+        #[arg(default_value = "keel.toml")]
+        path: PathBuf,
+        /// Overwrite an existing file.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Start a run of a contract and drive it until it completes or stops.
+    Run {
+        contract: PathBuf,
+        /// Leave the run for a worker instead of driving it here.
+        #[arg(long)]
+        detach: bool,
+    },
+    /// Continue a run after a crash, a block or a stop, from its newest verified checkpoint.
+    Resume {
+        run: String,
+        /// Continue although the environment changed, recording why.
+        #[arg(long, requires = "reason")]
+        migrate: bool,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Show one run, or list every run.
+    Status {
+        run: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a run's timeline.
+    Log {
+        run: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a run's checkpoints.
+    Checkpoints {
+        run: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check a run's whole event log: hash chain, sequence, checkpoints, artifacts.
+    VerifyLog {
+        run: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Raise budgets of a blocked run, recorded with who and why, and continue it.
+    Unblock {
+        run: String,
+        /// NAME=+AMOUNT, for example steps=+10, wall_time=+30m, cost_usd=+2 (repeatable).
+        #[arg(long = "budget", required = true)]
+        budgets: Vec<String>,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Stop a run for good (it ends `failed`), recorded with who and why.
+    Cancel {
+        run: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Print the JSON Schema of the contract format.
+    #[command(hide = true)]
+    ContractSchema,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match dispatch(cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(err) => {
+            let code = error_code(&err);
+            let mut stderr = std::io::stderr().lock();
+            let _ = writeln!(stderr, "error: {err}");
+            for cause in err.chain().skip(1) {
+                let _ = writeln!(stderr, "  caused by: {cause}");
+            }
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn error_code(err: &anyhow::Error) -> u8 {
+    if let Some(e) = err.downcast_ref::<EngineError>() {
+        return match e {
+            EngineError::Contract(_) | EngineError::Usage(_) | EngineError::Refused { .. } => {
+                exit::USAGE
+            }
+            EngineError::DamagedLog { .. } => exit::FAILED,
+            EngineError::Store(s) => store_code(s),
+            EngineError::Git(keel_git::GitError::NotARepository { .. }) => exit::USAGE,
+            _ => exit::INTERNAL,
+        };
+    }
+    if let Some(s) = err.downcast_ref::<StoreError>() {
+        return store_code(s);
+    }
+    if err.downcast_ref::<Usage>().is_some() {
+        return exit::USAGE;
+    }
+    exit::INTERNAL
+}
+
+fn store_code(e: &StoreError) -> u8 {
+    match e {
+        StoreError::NoSuchRun(_) | StoreError::AmbiguousRun { .. } => exit::USAGE,
+        _ => exit::INTERNAL,
+    }
+}
+
+/// A mistake in how keel was called.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Usage(String);
+
+fn state_code(state: RunState) -> u8 {
+    match state {
+        RunState::Completed => exit::COMPLETED,
+        RunState::AwaitingApproval | RunState::Waiting => exit::WAITING,
+        RunState::Blocked => exit::BLOCKED,
+        RunState::Failed => exit::FAILED,
+        // The process stopped driving a run that is still active (it lost its lease).
+        RunState::Planned | RunState::Executing | RunState::Verifying => exit::INTERNAL,
+    }
+}
+
+fn dispatch(cli: Cli) -> Result<u8> {
+    let actor = Actor::current();
+    match cli.command {
+        Command::Init { path, force } => init(&path, force),
+        Command::ContractSchema => {
+            print!("{}", keel_core::contract::json_schema());
+            Ok(exit::COMPLETED)
+        }
+        Command::Run { contract, detach } => {
+            if detach {
+                return Err(Usage(
+                    "`keel run --detach` is not supported yet: there is no `keel worker` to pick the run up; run without --detach".into(),
+                )
+                .into());
+            }
+            let parsed = keel_engine::load_contract(&contract)?;
+            let store_path = match cli.store {
+                Some(p) => p,
+                None => contract
+                    .canonicalize()
+                    .with_context(|| format!("{}", contract.display()))?
+                    .parent()
+                    .unwrap_or(Path::new("."))
+                    .join(".keel")
+                    .join("keel.db"),
+            };
+            let mut store = Store::open(&store_path)?;
+            let id = keel_engine::new_run_id();
+            let mut observer = Terminal::new();
+            let mut announce = |id: &str| {
+                // The id comes first, flushed, so a person or a script can resume after a crash.
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "run {id}");
+                let _ = out.flush();
+            };
+            let run = keel_engine::start(
+                &mut store,
+                &contract,
+                parsed,
+                &id,
+                &actor,
+                &mut observer,
+                &mut announce,
+            )?;
+            finish(&run, &observer)
+        }
+        Command::Resume {
+            run,
+            migrate,
+            reason,
+        } => {
+            let mut store = open_store(cli.store)?;
+            let options = ResumeOptions {
+                migrate: if migrate { reason } else { None },
+            };
+            let mut observer = Terminal::new();
+            let run = keel_engine::resume(&mut store, &run, &options, &actor, &mut observer)?;
+            finish(&run, &observer)
+        }
+        Command::Unblock {
+            run,
+            budgets,
+            reason,
+        } => {
+            let raises = budgets
+                .iter()
+                .map(|b| keel_core::budget::parse_raise(b).map_err(Usage))
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut store = open_store(cli.store)?;
+            let mut observer = Terminal::new();
+            let run =
+                keel_engine::unblock(&mut store, &run, &raises, &reason, &actor, &mut observer)?;
+            finish(&run, &observer)
+        }
+        Command::Cancel { run, reason } => {
+            let mut store = open_store(cli.store)?;
+            let run = keel_engine::cancel(&mut store, &run, &reason, &actor)?;
+            println!("run {} cancelled: {}", run.id, run.reason);
+            Ok(state_code(run.state))
+        }
+        Command::Status { run, json } => {
+            let store = open_store(cli.store)?;
+            match run {
+                Some(id) => {
+                    let id = store.resolve_run(&id)?;
+                    let run = store.run(&id)?;
+                    let checkpoints = store.checkpoints(&id)?;
+                    if json {
+                        print::json(&print::run_json(&run, checkpoints.len()))?;
+                    } else {
+                        print::run_status(&run, &checkpoints);
+                    }
+                    Ok(exit::COMPLETED)
+                }
+                None => {
+                    let runs = store.runs()?;
+                    if json {
+                        let list: Vec<_> = runs
+                            .iter()
+                            .map(|r| print::run_json(r, r.checkpoints as usize))
+                            .collect();
+                        print::json(&serde_json::Value::Array(list))?;
+                    } else {
+                        print::run_list(&runs);
+                    }
+                    Ok(exit::COMPLETED)
+                }
+            }
+        }
+        Command::Log { run, json } => {
+            let store = open_store(cli.store)?;
+            let id = store.resolve_run(&run)?;
+            let events = store.events_from(&id, 1)?;
+            if json {
+                let list = events.iter().map(print::event_json).collect::<Vec<_>>();
+                print::json(&serde_json::Value::Array(list))?;
+            } else {
+                print::timeline(&events);
+            }
+            Ok(exit::COMPLETED)
+        }
+        Command::Checkpoints { run, json } => {
+            let store = open_store(cli.store)?;
+            let id = store.resolve_run(&run)?;
+            let rows = store.checkpoints(&id)?;
+            if json {
+                let list = rows
+                    .iter()
+                    .map(|r| print::checkpoint_json(&id, r))
+                    .collect::<Vec<_>>();
+                print::json(&serde_json::Value::Array(list))?;
+            } else {
+                print::checkpoints(&id, &rows);
+            }
+            Ok(exit::COMPLETED)
+        }
+        Command::VerifyLog { run, json } => {
+            let store = open_store(cli.store)?;
+            let report = keel_engine::verify_log(&store, &run)?;
+            if json {
+                print::json(&serde_json::to_value(&report)?)?;
+            } else if report.ok() {
+                println!(
+                    "ok: run {}: {} events in an unbroken chain, {} checkpoints, {} artifacts verified",
+                    report.run, report.events, report.checkpoints, report.artifacts_checked
+                );
+            } else {
+                println!("DAMAGED: run {}", report.run);
+                for p in &report.problems {
+                    println!("  {p}");
+                }
+            }
+            Ok(if report.ok() {
+                exit::COMPLETED
+            } else {
+                exit::FAILED
+            })
+        }
+    }
+}
+
+fn init(path: &Path, force: bool) -> Result<u8> {
+    if path.exists() && !force {
+        return Err(Usage(format!(
+            "{} already exists; pass --force to overwrite it",
+            path.display()
+        ))
+        .into());
+    }
+    std::fs::write(path, keel_core::contract::TEMPLATE)
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!(
+        "wrote {}: edit its goal, phases and verifiers, then `keel run {}`",
+        path.display(),
+        path.display()
+    );
+    Ok(exit::COMPLETED)
+}
+
+/// The store named by --store/KEEL_STORE, or the nearest `.keel/keel.db` upwards from here.
+fn open_store(explicit: Option<PathBuf>) -> Result<Store> {
+    if let Some(path) = explicit {
+        if !path.exists() {
+            return Err(Usage(format!("no keel store at {}", path.display())).into());
+        }
+        return Ok(Store::open(&path)?);
+    }
+    let cwd = std::env::current_dir()?;
+    for dir in cwd.ancestors() {
+        let candidate = dir.join(".keel").join("keel.db");
+        if candidate.exists() {
+            return Ok(Store::open(&candidate)?);
+        }
+    }
+    Err(Usage(format!(
+        "no keel store (.keel/keel.db) in {} or its parents; pass --store PATH or run from the directory of your contract",
+        cwd.display()
+    ))
+    .into())
+}
+
+fn finish(run: &Run, observer: &Terminal) -> Result<u8> {
+    let elapsed = observer.started.elapsed();
+    let steps = run.used(keel_core::budget::BudgetName::Steps);
+    let mut out = std::io::stdout().lock();
+    match run.state {
+        RunState::Completed => writeln!(
+            out,
+            "completed: {} steps, {} evidence records, {} checkpoints ({:.1}s in this process)",
+            steps,
+            run.evidence_count,
+            run.checkpoints,
+            elapsed.as_secs_f64()
+        )?,
+        state => writeln!(out, "{state}: {}", run.reason)?,
+    }
+    Ok(state_code(run.state))
+}
+
+/// Progress for a person at a terminal; nothing when stderr is piped.
+struct Terminal {
+    enabled: bool,
+    started: Instant,
+}
+
+impl Terminal {
+    fn new() -> Terminal {
+        Terminal {
+            enabled: std::io::stderr().is_terminal(),
+            started: Instant::now(),
+        }
+    }
+}
+
+impl Observer for Terminal {
+    fn progress(&mut self, run: &Run, progress: Progress<'_>) {
+        if !self.enabled {
+            return;
+        }
+        let secs = self.started.elapsed().as_secs();
+        let clock = format!("[{:02}:{:02}]", secs / 60, secs % 60);
+        let line = match progress {
+            Progress::Phase { index, count, name } => {
+                format!("{clock} phase {}/{count} {name}", index + 1)
+            }
+            Progress::Step {
+                step,
+                steps,
+                attempt,
+                command,
+            } => {
+                let retry = if attempt > 1 {
+                    format!(" (attempt {attempt})")
+                } else {
+                    String::new()
+                };
+                format!(
+                    "{clock}   step {step} of {steps}{retry}: {}",
+                    print::shorten(command, 70)
+                )
+            }
+            Progress::Verifier { name, tier } => format!("{clock}   verify {name} ({tier})"),
+            Progress::Checkpoint { n } => format!("{clock}   checkpoint {n}"),
+            Progress::Note(text) => format!("{clock}   {text}"),
+        };
+        let _ = run;
+        eprintln!("{line}");
+    }
+}

@@ -1,0 +1,334 @@
+//! What `keel` prints: short lines for people, stable JSON for programs.
+
+use keel_core::budget::BudgetName;
+use keel_core::event::EventBody;
+use keel_core::run::Run;
+use keel_store::{CheckpointRow, StoredEvent};
+use serde_json::{Value, json};
+
+pub fn json(value: &Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+pub fn shorten(text: &str, max: usize) -> String {
+    let one_line = text.replace('\n', " ⏎ ");
+    if one_line.chars().count() <= max {
+        one_line
+    } else {
+        let cut: String = one_line.chars().take(max.saturating_sub(1)).collect();
+        format!("{cut}…")
+    }
+}
+
+fn time(ms: i64) -> String {
+    let t =
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+fn phase_label(run: &Run) -> String {
+    match run.phases.get(run.cursor as usize) {
+        Some(p) => format!("{}/{} {}", run.cursor + 1, run.phases.len(), p.name),
+        None => format!("all {} done", run.phases.len()),
+    }
+}
+
+/// The stable JSON shape of a run (`keel status --json`).
+pub fn run_json(run: &Run, checkpoints: usize) -> Value {
+    let budgets: serde_json::Map<String, Value> = BudgetName::ALL
+        .iter()
+        .map(|b| {
+            (
+                b.as_str().to_string(),
+                json!({
+                    "used": run.used(*b),
+                    "limit": run.limits.get(*b),
+                    "unit": match b.unit() {
+                        keel_core::budget::Unit::Count => "count",
+                        keel_core::budget::Unit::Millis => "ms",
+                        keel_core::budget::Unit::MicroUsd => "micro_usd",
+                    },
+                    "enforced": b.enforced(),
+                }),
+            )
+        })
+        .collect();
+    json!({
+        "id": run.id,
+        "state": run.state.as_str(),
+        "reason": run.reason,
+        "block": run.block,
+        "phase": run.phases.get(run.cursor as usize).map(|p| p.name.clone()),
+        "phase_index": run.cursor,
+        "phases": run.phases.iter().map(|p| json!({
+            "name": p.name,
+            "verified": p.verified,
+            "steps": p.steps.iter().map(|s| json!({
+                "command": s.command,
+                "state": s.state.as_str(),
+                "attempts": s.attempts,
+                "output": s.output,
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "budgets": budgets,
+        "evidence": run.evidence.values().collect::<Vec<_>>(),
+        "checkpoints": checkpoints,
+        "contract": run.contract_file,
+        "contract_hash": run.contract_hash,
+        "workspace": run.workspace,
+        "created_at": time(run.created_at_ms),
+        "updated_at": time(run.updated_at_ms),
+        "events": run.seq,
+    })
+}
+
+pub fn run_list(runs: &[Run]) {
+    if runs.is_empty() {
+        println!("no runs yet: start one with `keel run CONTRACT`");
+        return;
+    }
+    println!(
+        "{:<32}  {:<17}  {:<16}  {:<20}  reason",
+        "id", "state", "phase", "updated"
+    );
+    for run in runs {
+        println!(
+            "{:<32}  {:<17}  {:<16}  {:<20}  {}",
+            run.id,
+            run.state.as_str(),
+            shorten(&phase_label(run), 16),
+            time(run.updated_at_ms),
+            shorten(&run.reason, 60)
+        );
+    }
+}
+
+pub fn run_status(run: &Run, checkpoints: &[CheckpointRow]) {
+    println!("run        {}", run.id);
+    println!("state      {}", run.state);
+    println!("reason     {}", run.reason);
+    println!(
+        "contract   {} ({})",
+        run.contract_file,
+        &run.contract_hash[..12.min(run.contract_hash.len())]
+    );
+    println!("workspace  {}", run.workspace);
+    println!("phase      {}", phase_label(run));
+    for (i, phase) in run.phases.iter().enumerate() {
+        let mark = if phase.verified { "verified" } else { "" };
+        println!("  {} {} {mark}", i + 1, phase.name);
+        for (j, s) in phase.steps.iter().enumerate() {
+            let attempts = if s.attempts > 1 {
+                format!(" ({} attempts)", s.attempts)
+            } else {
+                String::new()
+            };
+            println!(
+                "    {}.{} {:<11} {}{attempts}",
+                i + 1,
+                j + 1,
+                s.state.as_str(),
+                shorten(&s.command, 60)
+            );
+        }
+    }
+    println!("budgets    used / limit");
+    for b in BudgetName::ALL {
+        let limit = run.limits.get(b);
+        let used = run.used(b);
+        if limit.is_none() && used == 0 {
+            continue;
+        }
+        let limit = limit.map_or("unlimited".to_string(), |l| b.format_amount(l));
+        let note = if b.enforced() {
+            ""
+        } else {
+            "  (not enforced yet)"
+        };
+        println!(
+            "  {:<18} {} / {limit}{note}",
+            b.as_str(),
+            b.format_amount(used)
+        );
+    }
+    if !run.evidence.is_empty() {
+        println!("evidence");
+        for e in run.evidence.values() {
+            println!(
+                "  #{:<3} {:<12} {:<10} {} {}",
+                e.n,
+                e.verifier,
+                e.tier.to_string(),
+                if e.passed { "passed" } else { "FAILED" },
+                e.status
+            );
+        }
+    }
+    match checkpoints.last() {
+        Some(c) => println!(
+            "checkpoints {} (newest: {} at event {}, {})",
+            checkpoints.len(),
+            c.snapshot_ref,
+            c.seq,
+            time(c.at_ms)
+        ),
+        None => println!("checkpoints none"),
+    }
+}
+
+pub fn event_json(e: &StoredEvent) -> Value {
+    let body: Value = serde_json::from_str(&e.body).unwrap_or(Value::String(e.body.clone()));
+    json!({
+        "seq": e.seq,
+        "at": time(e.at_ms),
+        "at_ms": e.at_ms,
+        "kind": e.kind,
+        "body": body,
+        "prev_hash": e.prev_hash,
+        "hash": e.hash,
+    })
+}
+
+pub fn timeline(events: &[StoredEvent]) {
+    let start = events.first().map(|e| e.at_ms).unwrap_or(0);
+    for e in events {
+        let offset = (e.at_ms - start).max(0) as f64 / 1000.0;
+        let summary = match e.decode() {
+            Ok(ev) => summarise(&ev.body),
+            Err(err) => format!("(undecodable: {err})"),
+        };
+        println!("{:>5} {:>8.1}s  {:<18} {}", e.seq, offset, e.kind, summary);
+    }
+}
+
+fn summarise(body: &EventBody) -> String {
+    match body {
+        EventBody::RunCreated {
+            contract_file,
+            phases,
+            ..
+        } => format!("{} ({} phases)", contract_file, phases.len()),
+        EventBody::StateChanged {
+            from, to, reason, ..
+        } => {
+            format!("{from} -> {to}: {}", shorten(reason, 100))
+        }
+        EventBody::Resumed {
+            holder,
+            lease,
+            checkpoint,
+        } => match checkpoint {
+            Some(n) => format!("by {holder} (lease {lease}) from checkpoint {n}"),
+            None => format!("by {holder} (lease {lease})"),
+        },
+        EventBody::PhaseStarted { phase, name } => format!("{} {name}", phase + 1),
+        EventBody::StepStarted {
+            step,
+            attempt,
+            command,
+        } => {
+            format!("{step} attempt {attempt}: {}", shorten(command, 80))
+        }
+        EventBody::StepFinished {
+            step,
+            status,
+            duration_ms,
+            files_written,
+            ..
+        } => format!("{step} {status} in {duration_ms}ms, {files_written} files changed"),
+        EventBody::EvidenceRecorded { evidence: e } => format!(
+            "#{} {} ({}) {} {}",
+            e.n,
+            e.verifier,
+            e.tier,
+            if e.passed { "passed" } else { "FAILED" },
+            e.status
+        ),
+        EventBody::StepVerified { step } => format!("{step}"),
+        EventBody::StepFailed {
+            step,
+            reason,
+            excerpt,
+            ..
+        } => {
+            format!("{step}: {reason}: {}", shorten(excerpt, 80))
+        }
+        EventBody::StepRolledBack {
+            step,
+            restored,
+            saved_ref,
+        } => format!(
+            "{step}: {} paths restored{}",
+            restored.len(),
+            saved_ref
+                .as_ref()
+                .map(|r| format!(", interrupted tree kept at {r}"))
+                .unwrap_or_default()
+        ),
+        EventBody::StepInvalidated { step, reason } => format!("{step}: {reason}"),
+        EventBody::PhaseVerified { phase } => format!("{}", phase + 1),
+        EventBody::CheckpointTaken {
+            n, snapshot_ref, ..
+        } => format!("{n} at {snapshot_ref}"),
+        EventBody::BudgetRaised {
+            budget,
+            from,
+            to,
+            reason,
+            by,
+        } => format!(
+            "{budget} {} -> {} by {by}: {reason}",
+            from.map_or("unlimited".into(), |f| budget.format_amount(f)),
+            budget.format_amount(*to)
+        ),
+        EventBody::DriftDetected { changes } => keel_engine::describe_changes(changes),
+        EventBody::Migrated {
+            changes,
+            reason,
+            by,
+            ..
+        } => format!(
+            "by {by}: {reason} ({})",
+            keel_engine::describe_changes(changes)
+        ),
+        EventBody::TailCut { seq, reason } => format!("from event {seq}: {reason}"),
+        EventBody::Cancelled { reason, by } => format!("by {by}: {reason}"),
+    }
+}
+
+pub fn checkpoint_json(run: &str, row: &CheckpointRow) -> Value {
+    let ck = row.decode(run).ok();
+    json!({
+        "n": row.n,
+        "seq": row.seq,
+        "at": time(row.at_ms),
+        "hash": row.hash,
+        "snapshot_ref": row.snapshot_ref,
+        "commit": row.commit,
+        "phase_index": ck.as_ref().map(|c| c.phase_cursor),
+        "fingerprint": ck.as_ref().map(|c| &c.fingerprint),
+        "artifacts": ck.as_ref().map(|c| c.artifacts.len()),
+    })
+}
+
+pub fn checkpoints(run: &str, rows: &[CheckpointRow]) {
+    if rows.is_empty() {
+        println!("run {run} has no checkpoints yet");
+        return;
+    }
+    println!(
+        "{:>3}  {:>6}  {:<20}  {:<12}  snapshot",
+        "n", "event", "at", "commit"
+    );
+    for row in rows {
+        println!(
+            "{:>3}  {:>6}  {:<20}  {:<12}  {}",
+            row.n,
+            row.seq,
+            time(row.at_ms),
+            &row.commit[..12.min(row.commit.len())],
+            row.snapshot_ref
+        );
+    }
+}

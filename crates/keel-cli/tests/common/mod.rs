@@ -1,0 +1,170 @@
+//! Fixtures for the `keel` binary's tests: a git workspace in a temporary directory, a contract
+//! written into it, and helpers that run `keel` and explain failures with the command, its
+//! output and the directory listing.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+}
+
+pub fn keel_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_keel"))
+}
+
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_AUTHOR_NAME", "test")
+        .env("GIT_AUTHOR_EMAIL", "test@localhost")
+        .env("GIT_COMMITTER_NAME", "test")
+        .env("GIT_COMMITTER_EMAIL", "test@localhost")
+        .output()
+        .expect("git runs");
+    assert!(
+        out.status.success(),
+        "git {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+impl Fixture {
+    /// A git repository with one commit (a README, a lockfile, .gitignore for .keel) and the
+    /// contract `contract` written to `keel.toml`.
+    pub fn new(contract: &str) -> Fixture {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        git(root, &["init", "-q", "-b", "main"]);
+        std::fs::write(root.join("README.md"), "fixture\n").unwrap();
+        std::fs::write(root.join("Cargo.lock"), "# lock v1\n").unwrap();
+        std::fs::write(root.join(".gitignore"), ".keel/\n").unwrap();
+        git(root, &["add", "-A"]);
+        git(root, &["commit", "-q", "-m", "init"]);
+        let f = Fixture { dir };
+        f.write_contract(contract);
+        f
+    }
+
+    pub fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn write_contract(&self, contract: &str) {
+        std::fs::write(self.path("keel.toml"), contract).unwrap();
+    }
+
+    pub fn keel(&self) -> Command {
+        let mut c = Command::new(keel_bin());
+        c.current_dir(self.root());
+        c.env_remove("KEEL_STORE");
+        c.env_remove("KEEL_CRASH_AT");
+        c.env_remove("KEEL_FAULT_TRACE");
+        c
+    }
+
+    /// Runs keel with `args` and returns its output.
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.keel().args(args).output().expect("keel runs")
+    }
+
+    /// Runs keel and asserts its exit code, explaining a mismatch.
+    pub fn expect(&self, args: &[&str], code: i32) -> Output {
+        let out = self.run(args);
+        if out.status.code() != Some(code) {
+            panic!(
+                "keel {args:?}: expected exit {code}, got {:?}\n{}",
+                out.status.code(),
+                self.explain(&out)
+            );
+        }
+        out
+    }
+
+    pub fn explain(&self, out: &Output) -> String {
+        let listing = walk(self.root());
+        format!(
+            "--- stdout\n{}\n--- stderr\n{}\n--- files in {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.root().display(),
+            listing.join("\n")
+        )
+    }
+
+    /// Starts `keel run keel.toml` and returns the run id it printed first, with the output.
+    pub fn start(&self, env: &[(&str, String)]) -> (String, Output) {
+        let mut cmd = self.keel();
+        cmd.args(["run", "keel.toml"]);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().expect("keel runs");
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        let id = stdout
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("run "))
+            .unwrap_or_else(|| panic!("keel run did not print its id first\n{}", self.explain(&out)))
+            .trim()
+            .to_string();
+        (id, out)
+    }
+
+    pub fn status(&self, id: &str) -> Value {
+        let out = self.expect(&["status", id, "--json"], 0);
+        serde_json::from_slice(&out.stdout).expect("status --json is JSON")
+    }
+
+    pub fn events(&self, id: &str) -> Vec<Value> {
+        let out = self.expect(&["log", id, "--json"], 0);
+        let v: Value = serde_json::from_slice(&out.stdout).expect("log --json is JSON");
+        v.as_array().expect("an array").clone()
+    }
+
+    pub fn db(&self) -> rusqlite::Connection {
+        rusqlite::Connection::open(self.path(".keel/keel.db")).expect("store opens")
+    }
+
+    pub fn verify_log_ok(&self, id: &str) {
+        self.expect(&["verify-log", id], 0);
+    }
+}
+
+fn walk(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.file_name().is_some_and(|n| n == ".git") {
+                continue;
+            }
+            out.push(p.display().to_string());
+            if p.is_dir() {
+                out.extend(walk(&p));
+            }
+        }
+    }
+    out
+}
+
+pub fn state(status: &Value) -> &str {
+    status["state"].as_str().unwrap_or("?")
+}
+
+pub fn kinds(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap_or("?").to_string())
+        .collect()
+}

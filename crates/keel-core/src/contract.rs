@@ -1,0 +1,269 @@
+//! The task contract: the immutable TOML that says what a run must achieve and within which
+//! limits.
+//!
+//! Parsing happens in two phases. `raw` holds serde types that mirror the TOML exactly (unknown
+//! keys are errors) and carry the source spans of every value a later check may need to point
+//! at. `validate` then turns them into a [`Contract`], which cannot be invalid: names are
+//! unique, references resolve, durations and budgets are positive, globs are compiled. Every
+//! problem becomes a [`Diagnostic`] with the file, line and column of the offending key or value
+//! and one sentence saying what is wrong and how to fix it; validation reports all of them at
+//! once.
+//!
+//! This module does no I/O: the caller reads the file and passes its name and contents.
+
+mod diagnostic;
+mod raw;
+mod scope;
+mod template;
+mod validate;
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::budget::BudgetLimits;
+
+pub use diagnostic::{ContractError, Diagnostic};
+pub use scope::Scope;
+pub use template::TEMPLATE;
+
+/// The lockfiles hashed into the environment fingerprint when `[workspace]` does not list its own.
+pub const DEFAULT_LOCKFILES: [&str; 10] = [
+    "Cargo.lock",
+    "package-lock.json",
+    "yarn.lock",
+    "pnpm-lock.yaml",
+    "poetry.lock",
+    "uv.lock",
+    "Pipfile.lock",
+    "Gemfile.lock",
+    "go.sum",
+    "composer.lock",
+];
+
+/// How long a verifier or a phase command may run when the contract does not say: 10 minutes.
+pub const DEFAULT_TIMEOUT_MS: u64 = 10 * 60 * 1000;
+
+/// A validated contract. Build one with [`Contract::parse`].
+#[derive(Debug, Clone)]
+pub struct Contract {
+    /// The blake3 hash (lowercase hex) of the exact source bytes: the contract version.
+    pub hash: String,
+    /// The source text the contract was parsed from.
+    pub source: String,
+    pub task: Task,
+    pub workspace: Workspace,
+    /// `None` when the contract has no `[driver]` table.
+    pub driver: Option<Driver>,
+    pub scope: Scope,
+    /// Absent budgets are unlimited.
+    pub budget: BudgetLimits,
+    /// In contract order.
+    pub verifiers: Vec<Verifier>,
+    /// In contract order; there is at least one.
+    pub phases: Vec<Phase>,
+}
+
+/// `[task]`: what the run must achieve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Task {
+    /// The goal, trimmed; never empty.
+    pub goal: String,
+    pub out_of_scope: Vec<String>,
+}
+
+/// `[workspace]`: where the run works and what belongs to its environment fingerprint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workspace {
+    /// As written (default `"."`), relative to the directory of the contract file unless absolute.
+    /// Resolving it is the caller's job; this crate does no I/O.
+    pub path: String,
+    /// Shell commands whose output is part of the environment fingerprint.
+    pub fingerprint: Vec<String>,
+    /// Lockfiles (relative to the workspace) hashed into the fingerprint; [`DEFAULT_LOCKFILES`]
+    /// unless the contract lists its own (an empty list means none).
+    pub lockfiles: Vec<String>,
+}
+
+/// `[driver]`: the decision-maker behind agent phases.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Driver {
+    pub kind: DriverKind,
+    /// Required for `openai` and `anthropic`.
+    pub model: Option<String>,
+    /// An `http://` or `https://` URL.
+    pub base_url: Option<String>,
+    /// Always a secret reference, `secret:NAME`; never the key itself.
+    pub api_key: Option<String>,
+    /// Positive.
+    pub context_tokens: Option<u64>,
+    /// Present exactly when `kind` is `command`.
+    pub command: Option<String>,
+    /// Present exactly when `kind` is `script`.
+    pub script: Option<String>,
+}
+
+/// Which driver decides the actions of agent phases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DriverKind {
+    /// Chat Completions with tool calls on any OpenAI-compatible server.
+    Openai,
+    /// The Anthropic Messages API with tool use.
+    Anthropic,
+    /// A delegated program: keel writes the prompt to a file and runs `command`.
+    Command,
+    /// A recorded list of actions read from `script`.
+    Script,
+}
+
+impl DriverKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DriverKind::Openai => "openai",
+            DriverKind::Anthropic => "anthropic",
+            DriverKind::Command => "command",
+            DriverKind::Script => "script",
+        }
+    }
+}
+
+impl fmt::Display for DriverKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `[[verify]]`: a command whose exit status is evidence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verifier {
+    /// Unique among verifiers; `[a-z0-9_-]`, 1 to 64 characters.
+    pub name: String,
+    pub tier: Tier,
+    /// A shell command line; never empty.
+    pub run: String,
+    /// Positive; [`DEFAULT_TIMEOUT_MS`] unless the contract says otherwise.
+    pub timeout_ms: u64,
+}
+
+/// When a verifier runs.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// Cheap; after every step that changed the workspace.
+    Step,
+    /// When a phase claims to be done, unless the phase names its own `done_when`.
+    Phase,
+    /// Before the run may complete; a run completes only when all of these pass.
+    Acceptance,
+}
+
+impl Tier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Step => "step",
+            Tier::Phase => "phase",
+            Tier::Acceptance => "acceptance",
+        }
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `[[phase]]`: a bounded segment of the run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Phase {
+    /// Unique among phases; `[a-z0-9_-]`, 1 to 64 characters.
+    pub name: String,
+    pub kind: PhaseKind,
+    /// The verifiers that must pass before the phase is done, in order: the phase's `done_when`
+    /// if it has one (possibly empty), else every verifier with tier `phase`. Every name exists.
+    pub gate: Vec<String>,
+}
+
+/// What a phase does. This version of keel runs command phases only; the contract refuses the
+/// others with "not supported yet".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PhaseKind {
+    /// Fixed shell commands, run in order; each may take at most `timeout_ms`.
+    Command { run: Vec<String>, timeout_ms: u64 },
+}
+
+impl Contract {
+    /// Parses and validates a contract. `file` is used only to label diagnostics.
+    pub fn parse(file: &str, source: &str) -> Result<Contract, ContractError> {
+        validate::parse(file, source)
+    }
+
+    /// The verifier called `name`.
+    pub fn verifier(&self, name: &str) -> Option<&Verifier> {
+        self.verifiers.iter().find(|v| v.name == name)
+    }
+
+    /// The verifiers of one tier, in contract order.
+    pub fn verifiers_of(&self, tier: Tier) -> impl Iterator<Item = &Verifier> {
+        self.verifiers.iter().filter(move |v| v.tier == tier)
+    }
+
+    /// The phase called `name`.
+    pub fn phase(&self, name: &str) -> Option<&Phase> {
+        self.phases.iter().find(|p| p.name == name)
+    }
+}
+
+/// The JSON Schema of the contract's TOML shape, pretty-printed and ending with a newline.
+/// `schema/contract.schema.json` is this text; editors can use it for completion.
+pub fn json_schema() -> String {
+    let mut schema = schemars::generate::SchemaSettings::draft2020_12()
+        .into_generator()
+        .into_root_schema_for::<raw::RawContract>();
+    without_null(&mut schema);
+    // `{:#}` on a JSON value pretty-prints it and cannot fail, unlike `to_string_pretty`.
+    format!("{:#}\n", schema.as_value())
+}
+
+/// TOML has no null: an optional key is simply left out. schemars describes `Option<T>` as
+/// "T or null", so take the null back out, here and in every subschema.
+fn without_null(schema: &mut schemars::Schema) {
+    use serde_json::Value;
+
+    let null = serde_json::json!({ "type": "null" });
+    if let Some(object) = schema.as_object_mut() {
+        if let Some(Value::Array(types)) = object.get_mut("type") {
+            types.retain(|t| t != "null");
+            if let [only] = types.as_slice() {
+                let only = only.clone();
+                object.insert("type".to_string(), only);
+            }
+        }
+        let any_of_null = match object.get("anyOf") {
+            Some(Value::Array(any)) if any.len() == 2 && any.contains(&null) => {
+                any.iter().find(|s| **s != null).cloned()
+            }
+            _ => None,
+        };
+        if let Some(Value::Object(inner)) = any_of_null {
+            object.remove("anyOf");
+            for (key, value) in inner {
+                object.entry(key).or_insert(value);
+            }
+        }
+    }
+    schemars::transform::transform_subschemas(&mut without_null, schema);
+}

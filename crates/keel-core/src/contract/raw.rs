@@ -1,0 +1,333 @@
+//! The contract's TOML exactly as written: serde types with no meaning attached yet.
+//!
+//! Every table denies unknown keys. Values a later check may need to point at are wrapped in
+//! [`Spanned`], which records their byte range in the source; `#[schemars(with = ...)]` keeps the
+//! wrapper out of the JSON Schema. Integers are read as `i64` so that a negative limit reaches
+//! validation and gets a clear message instead of a type error. The doc comments here are the
+//! descriptions in `schema/contract.schema.json`.
+
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+use toml::Spanned;
+
+use super::{DriverKind, Tier};
+
+/// A keel task contract: the goal, the workspace, the phases to run, the verifiers whose
+/// evidence completes a run, and the limits it must stay within.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "keel contract")]
+pub(super) struct RawContract {
+    /// What the run must achieve.
+    pub task: RawTask,
+    /// Where the run works and what belongs to its environment fingerprint.
+    pub workspace: Option<RawWorkspace>,
+    /// The decision-maker behind agent phases.
+    pub driver: Option<RawDriver>,
+    /// Which paths may be written and which commands run.
+    pub scope: Option<RawScope>,
+    /// Hard limits; every one is optional and an absent one is unlimited.
+    pub budget: Option<RawBudget>,
+    /// Verifiers: commands whose exit status is evidence. At least one must have
+    /// tier = "acceptance": keel completes a run only with acceptance evidence.
+    #[serde(default)]
+    #[schemars(with = "Vec<RawVerifier>", length(min = 1))]
+    pub verify: Vec<Spanned<RawVerifier>>,
+    /// The phases of the run, in order. At least one.
+    #[serde(default)]
+    #[schemars(with = "Vec<RawPhase>", length(min = 1))]
+    pub phase: Vec<Spanned<RawPhase>>,
+    /// Contract-defined tools for agent phases (not supported yet).
+    #[serde(default)]
+    #[schemars(with = "Vec<RawTool>")]
+    pub tool: Vec<Spanned<RawTool>>,
+}
+
+/// `[task]`: what the run must achieve.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "Task")]
+pub(super) struct RawTask {
+    /// What must be true when the run is done, in a sentence or two. Not empty.
+    #[schemars(with = "String", length(min = 1))]
+    pub goal: Spanned<String>,
+    /// Things the run must not change or attempt.
+    #[schemars(with = "Option<Vec<String>>")]
+    pub out_of_scope: Option<Vec<Spanned<String>>>,
+}
+
+/// `[workspace]`: where the run works and what belongs to its environment fingerprint.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "Workspace")]
+pub(super) struct RawWorkspace {
+    /// The workspace directory (a git repository), relative to the contract file's directory.
+    /// Default ".".
+    #[schemars(with = "Option<String>", extend("default" = "."))]
+    pub path: Option<Spanned<String>>,
+    /// Shell commands whose output is part of the environment fingerprint checked on resume.
+    #[schemars(with = "Option<Vec<String>>")]
+    pub fingerprint: Option<Vec<Spanned<String>>>,
+    /// Lockfiles hashed into the environment fingerprint. Default: Cargo.lock,
+    /// package-lock.json, yarn.lock, pnpm-lock.yaml, poetry.lock, uv.lock, Pipfile.lock,
+    /// Gemfile.lock, go.sum, composer.lock.
+    #[schemars(with = "Option<Vec<String>>")]
+    pub lockfiles: Option<Vec<Spanned<String>>>,
+}
+
+/// `[driver]`: the decision-maker behind agent phases (checked, not used yet).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "Driver")]
+pub(super) struct RawDriver {
+    /// Which driver decides the actions of agent phases.
+    #[schemars(with = "DriverKind")]
+    pub kind: Spanned<DriverKind>,
+    /// The model name; required for "openai" and "anthropic".
+    #[schemars(with = "Option<String>")]
+    pub model: Option<Spanned<String>>,
+    /// The API's base URL, e.g. "http://127.0.0.1:11434/v1" for any OpenAI-compatible server.
+    #[schemars(with = "Option<String>")]
+    pub base_url: Option<Spanned<String>>,
+    /// A secret reference, "secret:NAME"; never the key itself.
+    #[schemars(
+        with = "Option<String>",
+        regex(pattern = r"^secret:[A-Za-z_][A-Za-z0-9_]*$")
+    )]
+    pub api_key: Option<Spanned<String>>,
+    /// The assembled prompt never exceeds this many tokens.
+    #[schemars(with = "Option<i64>", range(min = 1))]
+    pub context_tokens: Option<Spanned<i64>>,
+    /// The program to run; required for kind = "command".
+    #[schemars(with = "Option<String>")]
+    pub command: Option<Spanned<String>>,
+    /// The recorded actions to replay; required for kind = "script".
+    #[schemars(with = "Option<String>")]
+    pub script: Option<Spanned<String>>,
+}
+
+/// `[scope]`: which paths may be written and which commands run. Path globs match whole
+/// workspace-relative paths (`*` stays within a directory, `**` crosses them); command globs match
+/// whole command lines.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "Scope")]
+pub(super) struct RawScope {
+    /// Globs over workspace-relative paths that may be written. Empty or absent: every path.
+    #[schemars(with = "Option<Vec<String>>")]
+    pub writable: Option<Vec<Spanned<String>>>,
+    /// Globs over workspace-relative paths that must never be written, even if writable.
+    #[schemars(with = "Option<Vec<String>>")]
+    pub forbidden: Option<Vec<Spanned<String>>>,
+    /// Globs over a whole command line, e.g. "cargo *". Empty or absent: every command.
+    #[schemars(with = "Option<Vec<String>>")]
+    pub commands: Option<Vec<Spanned<String>>>,
+    /// Whether commands may use the network. Default false.
+    #[schemars(extend("default" = false))]
+    pub network: Option<bool>,
+}
+
+/// `[budget]`: hard limits, all enforced together. Durations are strings like "90s", "30m" or
+/// "4h"; counts are whole numbers; every limit must be greater than 0.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "Budget")]
+pub(super) struct RawBudget {
+    /// Model tokens, input and output together.
+    #[schemars(with = "Option<i64>", range(min = 1))]
+    pub tokens: Option<Spanned<i64>>,
+    /// Money, in dollars.
+    #[schemars(with = "Option<f64>", range(min = 0))]
+    pub cost_usd: Option<Spanned<Dollars>>,
+    /// Elapsed time of the run, e.g. "4h".
+    #[schemars(with = "Option<String>")]
+    pub wall_time: Option<Spanned<String>>,
+    /// Time spent running commands, e.g. "1h".
+    #[schemars(with = "Option<String>")]
+    pub compute_time: Option<Spanned<String>>,
+    /// Steps.
+    #[schemars(with = "Option<i64>", range(min = 1))]
+    pub steps: Option<Spanned<i64>>,
+    /// Tool calls.
+    #[schemars(with = "Option<i64>", range(min = 1))]
+    pub tool_calls: Option<Spanned<i64>>,
+    /// The same error this many times blocks the run.
+    #[schemars(with = "Option<i64>", range(min = 1))]
+    pub same_error: Option<Spanned<i64>>,
+    /// This many steps without verifier improvement block the run.
+    #[schemars(with = "Option<i64>", range(min = 1))]
+    pub no_progress_steps: Option<Spanned<i64>>,
+    /// File writes.
+    #[schemars(with = "Option<i64>", range(min = 1))]
+    pub writes: Option<Spanned<i64>>,
+    /// Network requests.
+    #[schemars(with = "Option<i64>", range(min = 1))]
+    pub network_requests: Option<Spanned<i64>>,
+    /// Workers running at once.
+    #[schemars(with = "Option<i64>", range(min = 1))]
+    pub parallel_workers: Option<Spanned<i64>>,
+    /// Lines in the workspace diff.
+    #[schemars(with = "Option<i64>", range(min = 1))]
+    pub diff_lines: Option<Spanned<i64>>,
+    /// Files changed in the workspace.
+    #[schemars(with = "Option<i64>", range(min = 1))]
+    pub files_changed: Option<Spanned<i64>>,
+    /// Approval requests (human attention).
+    #[schemars(with = "Option<i64>", range(min = 1))]
+    pub approvals: Option<Spanned<i64>>,
+}
+
+/// `[[verify]]`: a command whose exit status is evidence.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "Verifier")]
+pub(super) struct RawVerifier {
+    /// Unique among verifiers: lowercase letters, digits, "_" and "-", 1 to 64 characters.
+    #[schemars(with = "String", regex(pattern = r"^[a-z0-9_-]{1,64}$"))]
+    pub name: Spanned<String>,
+    /// When the verifier runs: "step" after each changing step, "phase" when a phase claims to
+    /// be done, "acceptance" before the run may complete.
+    #[schemars(with = "Tier")]
+    pub tier: Spanned<Tier>,
+    /// The shell command; exit status 0 means it passed.
+    #[schemars(with = "String", length(min = 1))]
+    pub run: Spanned<String>,
+    /// How long it may run, e.g. "10m" (the default).
+    #[schemars(with = "Option<String>", extend("default" = "10m"))]
+    pub timeout: Option<Spanned<String>>,
+}
+
+/// What a phase does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[schemars(rename = "PhaseKind")]
+pub(super) enum RawPhaseKind {
+    /// Fixed shell commands.
+    Command,
+    /// A driver chooses the actions (not supported yet).
+    Agent,
+    /// An explicit human gate (not supported yet).
+    Approval,
+}
+
+/// What undoing an effect takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[schemars(rename = "Reversibility")]
+pub(super) enum RawReversibility {
+    /// Changes nothing.
+    ReadOnly,
+    /// Changes only the workspace: undone by going back to a checkpoint.
+    Reversible,
+    /// Has a compensation that undoes it.
+    Compensatable,
+    /// Cannot be undone.
+    Irreversible,
+}
+
+/// `[[phase]]`: a bounded segment of the run. Phases run in order.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "Phase")]
+pub(super) struct RawPhase {
+    /// Unique among phases: lowercase letters, digits, "_" and "-", 1 to 64 characters.
+    #[schemars(with = "String", regex(pattern = r"^[a-z0-9_-]{1,64}$"))]
+    pub name: Spanned<String>,
+    /// What the phase does. Only "command" is supported yet.
+    #[schemars(with = "RawPhaseKind")]
+    pub kind: Spanned<RawPhaseKind>,
+    /// Command phases: the shell commands to run, in order. Required, not empty.
+    #[schemars(with = "Option<Vec<String>>", length(min = 1))]
+    pub run: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Command phases: how long each command may run, e.g. "10m" (the default).
+    #[schemars(with = "Option<String>", extend("default" = "10m"))]
+    pub timeout: Option<Spanned<String>>,
+    /// Verifier names that must pass before the phase is done. Default: every verifier with
+    /// tier = "phase".
+    #[schemars(with = "Option<Vec<String>>")]
+    pub done_when: Option<Vec<Spanned<String>>>,
+    /// Agent phases: what the driver must achieve in this phase (not supported yet).
+    #[schemars(with = "Option<String>")]
+    pub objective: Option<Spanned<String>>,
+    /// Agent phases: the tools the driver may use (not supported yet).
+    #[schemars(with = "Option<Vec<String>>")]
+    pub tools: Option<Spanned<Vec<String>>>,
+    /// Ask a human before the phase runs (not supported yet; only false is accepted).
+    #[schemars(with = "Option<bool>")]
+    pub approval: Option<Spanned<bool>>,
+    /// What undoing the phase's effects takes. Command phases are `reversible` (inside the
+    /// workspace, undone by a checkpoint); other classes are not supported yet.
+    #[schemars(with = "Option<RawReversibility>")]
+    pub reversibility: Option<Spanned<RawReversibility>>,
+    /// A command that undoes the phase's effects (not supported yet).
+    #[schemars(with = "Option<String>")]
+    pub compensate: Option<Spanned<String>>,
+    /// Names of secrets the phase's commands see as environment variables (not supported yet;
+    /// only an empty list is accepted).
+    #[schemars(with = "Option<Vec<String>>")]
+    pub secrets: Option<Spanned<Vec<String>>>,
+}
+
+/// A contract-defined tool an agent phase may list in `tools` (not supported yet: a contract with
+/// a [[tool]] is refused).
+// Parsed so that its shape is checked and documented; since every `[[tool]]` is refused, most
+// fields are never read.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+#[schemars(rename = "Tool")]
+pub(super) struct RawTool {
+    /// The name an agent phase lists in `tools`.
+    pub name: String,
+    /// What the tool does, for the driver.
+    pub description: Option<String>,
+    /// The argv to run (no shell); "{param}" is filled from the arguments.
+    pub run: Vec<String>,
+    /// JSON-Schema-like description of each argument.
+    #[schemars(with = "Option<serde_json::Map<String, serde_json::Value>>")]
+    pub parameters: Option<toml::Table>,
+    /// Names of secrets the command sees as environment variables.
+    pub secrets: Option<Vec<String>>,
+    pub reversibility: Option<RawReversibility>,
+    /// How the idempotency key reaches the command, e.g. "env:IDEMPOTENCY_KEY".
+    pub idempotency_key: Option<String>,
+    /// Ask a human before each call.
+    pub approval: Option<bool>,
+    /// A command that undoes a call.
+    pub compensate: Option<String>,
+}
+
+/// An amount of dollars written as a TOML integer or float.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Dollars(pub f64);
+
+impl<'de> Deserialize<'de> for Dollars {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct DollarsVisitor;
+
+        impl Visitor<'_> for DollarsVisitor {
+            type Value = Dollars;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a number of dollars like 5 or 2.5")
+            }
+
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Dollars, E> {
+                Ok(Dollars(v as f64))
+            }
+
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Dollars, E> {
+                Ok(Dollars(v as f64))
+            }
+
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Dollars, E> {
+                Ok(Dollars(v))
+            }
+        }
+
+        deserializer.deserialize_any(DollarsVisitor)
+    }
+}

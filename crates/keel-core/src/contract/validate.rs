@@ -1,0 +1,861 @@
+//! From [`RawContract`] to [`Contract`]: every check that serde cannot express, each problem
+//! recorded with the span of the key or value at fault, all of them reported together.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+
+use globset::Glob;
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::diagnostic::{Diagnostics, reword_toml_error};
+use super::raw::{
+    Dollars, RawBudget, RawContract, RawDriver, RawPhase, RawPhaseKind, RawReversibility, RawScope,
+    RawTask, RawVerifier, RawWorkspace,
+};
+use super::scope::{Scope, command_glob, path_glob};
+use super::{
+    Contract, ContractError, DEFAULT_LOCKFILES, DEFAULT_TIMEOUT_MS, Driver, DriverKind, Phase,
+    PhaseKind, Task, Tier, Verifier, Workspace,
+};
+use crate::budget::{BudgetLimits, BudgetName};
+
+const MAX_NAME_LEN: usize = 64;
+
+pub(super) fn parse(file: &str, source: &str) -> Result<Contract, ContractError> {
+    let mut d = Diagnostics::new(file, source);
+    // Parsing the TOML and deserialising it are separate steps so that a syntax error can be
+    // told apart from a contract that is valid TOML but has the wrong shape.
+    let deserializer = match toml::Deserializer::parse(source) {
+        Ok(deserializer) => deserializer,
+        Err(e) => {
+            report_toml_error(&mut d, &e, true);
+            return Err(d.into_error());
+        }
+    };
+    let raw = match RawContract::deserialize(deserializer) {
+        Ok(raw) => raw,
+        Err(e) => {
+            report_toml_error(&mut d, &e, false);
+            return Err(d.into_error());
+        }
+    };
+    let contract = Validator { d: &mut d }.contract(raw, source);
+    match contract {
+        Some(contract) if d.is_empty() => Ok(contract),
+        _ => {
+            if d.is_empty() {
+                // Every check that fails records why; this keeps the promise of at least one
+                // diagnostic should one ever forget.
+                d.document("the contract was refused without a reason; this is a bug in keel");
+            }
+            Err(d.into_error())
+        }
+    }
+}
+
+fn report_toml_error(d: &mut Diagnostics<'_>, e: &toml::de::Error, syntax: bool) {
+    let span = e.span().unwrap_or(0..0);
+    let message = reword_toml_error(e.message(), syntax, d.text(&span));
+    d.at(&span, message);
+}
+
+struct Validator<'d, 'a> {
+    d: &'d mut Diagnostics<'a>,
+}
+
+impl Validator<'_, '_> {
+    /// `None` when something is wrong; the reasons are in the diagnostics. Every section is
+    /// checked even after an earlier one failed, so that one run reports every problem.
+    fn contract(&mut self, raw: RawContract, source: &str) -> Option<Contract> {
+        let RawContract {
+            task,
+            workspace,
+            driver,
+            scope,
+            budget,
+            verify,
+            phase,
+            tool,
+        } = raw;
+
+        let task = self.task(task);
+        let workspace = self.workspace(workspace);
+        let driver = match driver {
+            Some(driver) => self.driver(driver).map(Some),
+            None => Some(None),
+        };
+        let scope = self.scope(scope);
+        let budget = self.budget(budget);
+        let verifiers = self.verifiers(&verify);
+        let phases = self.phases(&phase, &verify);
+        for tool in &tool {
+            self.d.at(
+                &tool.span(),
+                "contract-defined tools ([[tool]]) are not supported yet; remove this [[tool]] \
+                 table",
+            );
+        }
+
+        Some(Contract {
+            hash: blake3::hash(source.as_bytes()).to_hex().to_string(),
+            source: source.to_string(),
+            task: task?,
+            workspace: workspace?,
+            driver: driver?,
+            scope: scope?,
+            budget: budget?,
+            verifiers: verifiers?,
+            phases: phases?,
+        })
+    }
+
+    fn task(&mut self, raw: RawTask) -> Option<Task> {
+        let goal = raw.goal.get_ref().trim().to_string();
+        if goal.is_empty() {
+            self.d.at(
+                &raw.goal.span(),
+                "the goal is empty; say in a sentence or two what must be true when the run is \
+                 done",
+            );
+        }
+        let out_of_scope = self.strings(
+            raw.out_of_scope.unwrap_or_default(),
+            "this out_of_scope entry is empty; remove it or say what the run must leave alone",
+        );
+        if goal.is_empty() {
+            return None;
+        }
+        Some(Task {
+            goal,
+            out_of_scope: out_of_scope?,
+        })
+    }
+
+    fn workspace(&mut self, raw: Option<RawWorkspace>) -> Option<Workspace> {
+        let Some(raw) = raw else {
+            return Some(Workspace {
+                path: ".".to_string(),
+                fingerprint: Vec::new(),
+                lockfiles: default_lockfiles(),
+            });
+        };
+        let path = match raw.path {
+            Some(path) if path.get_ref().trim().is_empty() => {
+                self.d.at(
+                    &path.span(),
+                    "the workspace path is empty; use \".\" for the contract file's directory",
+                );
+                None
+            }
+            Some(path) => Some(path.into_inner()),
+            None => Some(".".to_string()),
+        };
+        let fingerprint = self.strings(
+            raw.fingerprint.unwrap_or_default(),
+            "this fingerprint command is empty; remove it or write a shell command whose output \
+             describes the environment",
+        );
+        let lockfiles = match raw.lockfiles {
+            Some(lockfiles) => self.strings(
+                lockfiles,
+                "this lockfile path is empty; remove it or name a file in the workspace",
+            ),
+            None => Some(default_lockfiles()),
+        };
+        Some(Workspace {
+            path: path?,
+            fingerprint: fingerprint?,
+            lockfiles: lockfiles?,
+        })
+    }
+
+    fn driver(&mut self, raw: RawDriver) -> Option<Driver> {
+        let RawDriver {
+            kind,
+            model,
+            base_url,
+            api_key,
+            context_tokens,
+            command,
+            script,
+        } = raw;
+        let kind_span = kind.span();
+        let kind = kind.into_inner();
+        let mut ok = true;
+
+        ok &= self.not_blank(&model, "the model is empty; name a model or remove the key");
+        if matches!(kind, DriverKind::Openai | DriverKind::Anthropic) && model.is_none() {
+            self.d.at(
+                &kind_span,
+                format!("driver kind \"{kind}\" needs a model; add model = \"<model name>\""),
+            );
+            ok = false;
+        }
+        if let Some(url) = &base_url {
+            let text = url.get_ref();
+            if !(text.starts_with("http://") || text.starts_with("https://")) {
+                self.d.at(
+                    &url.span(),
+                    format!(
+                        "base_url \"{text}\" is not an http:// or https:// URL; write it like \
+                         \"http://127.0.0.1:11434/v1\""
+                    ),
+                );
+                ok = false;
+            }
+        }
+        if let Some(key) = &api_key
+            && !is_secret_reference(key.get_ref())
+        {
+            self.d.at(
+                &key.span(),
+                "api_key must name a secret like \"secret:OPENAI_API_KEY\", never hold the \
+                 key itself: the contract is stored with every run",
+            );
+            ok = false;
+        }
+        let context_tokens = match &context_tokens {
+            Some(tokens) => match self.positive("context_tokens", tokens) {
+                Some(n) => Some(n),
+                None => {
+                    ok = false;
+                    None
+                }
+            },
+            None => None,
+        };
+        ok &= self.not_blank(&command, "the command is empty; write the program to run");
+        ok &= self.not_blank(
+            &script,
+            "the script path is empty; name the file of recorded actions",
+        );
+        for (key, value, wanted) in [
+            ("command", &command, DriverKind::Command),
+            ("script", &script, DriverKind::Script),
+        ] {
+            match value {
+                Some(value) if kind != wanted => {
+                    self.d.at(
+                        &value.span(),
+                        format!(
+                            "`{key}` is used only by kind = \"{wanted}\" drivers, and this \
+                             driver is kind = \"{kind}\"; remove `{key}` or change the kind"
+                        ),
+                    );
+                    ok = false;
+                }
+                None if kind == wanted => {
+                    self.d.at(
+                        &kind_span,
+                        format!(
+                            "driver kind \"{kind}\" needs `{key}`; add {key} = \"...\" to [driver]"
+                        ),
+                    );
+                    ok = false;
+                }
+                _ => {}
+            }
+        }
+        ok.then(|| Driver {
+            kind,
+            model: model.map(Spanned::into_inner),
+            base_url: base_url.map(Spanned::into_inner),
+            api_key: api_key.map(Spanned::into_inner),
+            context_tokens,
+            command: command.map(Spanned::into_inner),
+            script: script.map(Spanned::into_inner),
+        })
+    }
+
+    fn scope(&mut self, raw: Option<RawScope>) -> Option<Scope> {
+        let Some(raw) = raw else {
+            return Some(Scope::default());
+        };
+        let writable = self.globs("writable", raw.writable.unwrap_or_default(), path_glob);
+        let forbidden = self.globs("forbidden", raw.forbidden.unwrap_or_default(), path_glob);
+        let commands = self.globs("commands", raw.commands.unwrap_or_default(), command_glob);
+        let (writable, forbidden, commands) = (writable?, forbidden?, commands?);
+        match Scope::from_globs(writable, forbidden, commands, raw.network.unwrap_or(false)) {
+            Ok(scope) => Some(scope),
+            Err(e) => {
+                // Every glob compiled on its own, so this is a limit of the matcher.
+                self.d.document(format!(
+                    "the [scope] globs cannot be combined: {e}; simplify them"
+                ));
+                None
+            }
+        }
+    }
+
+    fn globs(
+        &mut self,
+        key: &str,
+        patterns: Vec<Spanned<String>>,
+        compile: fn(&str) -> Result<Glob, globset::Error>,
+    ) -> Option<Vec<(String, Glob)>> {
+        let mut globs = Vec::with_capacity(patterns.len());
+        let mut ok = true;
+        for pattern in patterns {
+            let text = pattern.get_ref();
+            if text.is_empty() {
+                self.d.at(
+                    &pattern.span(),
+                    format!("this {key} glob is empty and matches nothing; remove it"),
+                );
+                ok = false;
+                continue;
+            }
+            match compile(text) {
+                Ok(glob) => globs.push((text.clone(), glob)),
+                Err(e) => {
+                    self.d.at(
+                        &pattern.span(),
+                        format!(
+                            "{key} glob \"{text}\" is invalid: {}; fix the pattern",
+                            e.kind()
+                        ),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        ok.then_some(globs)
+    }
+
+    fn budget(&mut self, raw: Option<RawBudget>) -> Option<BudgetLimits> {
+        let mut limits = BudgetLimits::default();
+        let Some(raw) = raw else {
+            return Some(limits);
+        };
+        // Destructured in full so that a budget added to the table cannot be forgotten here.
+        let RawBudget {
+            tokens,
+            cost_usd,
+            wall_time,
+            compute_time,
+            steps,
+            tool_calls,
+            same_error,
+            no_progress_steps,
+            writes,
+            network_requests,
+            parallel_workers,
+            diff_lines,
+            files_changed,
+            approvals,
+        } = raw;
+        let mut ok = true;
+        let counts = [
+            (BudgetName::Tokens, tokens),
+            (BudgetName::Steps, steps),
+            (BudgetName::ToolCalls, tool_calls),
+            (BudgetName::SameError, same_error),
+            (BudgetName::NoProgressSteps, no_progress_steps),
+            (BudgetName::Writes, writes),
+            (BudgetName::NetworkRequests, network_requests),
+            (BudgetName::ParallelWorkers, parallel_workers),
+            (BudgetName::DiffLines, diff_lines),
+            (BudgetName::FilesChanged, files_changed),
+            (BudgetName::Approvals, approvals),
+        ];
+        for (name, value) in counts {
+            if let Some(value) = value {
+                match self.positive(&format!("budget {name}"), &value) {
+                    Some(n) => limits.set(name, n),
+                    None => ok = false,
+                }
+            }
+        }
+        for (name, value) in [
+            (BudgetName::WallTime, wall_time),
+            (BudgetName::ComputeTime, compute_time),
+        ] {
+            if let Some(value) = value {
+                match self.duration(&format!("budget {name}"), &value) {
+                    Some(ms) => limits.set(name, ms),
+                    None => ok = false,
+                }
+            }
+        }
+        if let Some(cost) = cost_usd {
+            match self.dollars(&cost) {
+                Some(micros) => limits.set(BudgetName::CostUsd, micros),
+                None => ok = false,
+            }
+        }
+        ok.then_some(limits)
+    }
+
+    fn dollars(&mut self, value: &Spanned<Dollars>) -> Option<u64> {
+        let Dollars(dollars) = *value.get_ref();
+        let problem = if !dollars.is_finite() {
+            Some(format!(
+                "budget cost_usd is {dollars}; write a number of dollars like 5.0"
+            ))
+        } else if dollars < 0.0 {
+            Some(format!(
+                "budget cost_usd is {dollars}, but a limit cannot be negative; use an amount \
+                 greater than 0, or leave the key out for no limit"
+            ))
+        } else if dollars == 0.0 {
+            Some(
+                "budget cost_usd is 0; a limit must be greater than 0 (leave the key out for no \
+                 limit)"
+                    .to_string(),
+            )
+        } else if (dollars * 1_000_000.0).round() < 1.0 {
+            Some(format!(
+                "budget cost_usd is {dollars}; a limit must be at least $0.000001 (leave the key \
+                 out for no limit)"
+            ))
+        } else {
+            None
+        };
+        match problem {
+            Some(message) => {
+                self.d.at(&value.span(), message);
+                None
+            }
+            // The float-to-integer cast saturates, so an absurdly large amount is just "a lot".
+            None => Some((dollars * 1_000_000.0).round() as u64),
+        }
+    }
+
+    fn verifiers(&mut self, raw: &[Spanned<RawVerifier>]) -> Option<Vec<Verifier>> {
+        let mut verifiers = Vec::with_capacity(raw.len());
+        let mut ok = true;
+        let mut seen = BTreeMap::new();
+        for verifier in raw {
+            let v = verifier.get_ref();
+            ok &= self.name("verifier", &v.name, &mut seen);
+            let run = v.run.get_ref();
+            if run.trim().is_empty() {
+                self.d.at(
+                    &v.run.span(),
+                    format!(
+                        "verifier \"{}\" has an empty run; write the shell command that checks \
+                         the work",
+                        v.name.get_ref()
+                    ),
+                );
+                ok = false;
+            }
+            let timeout = self.timeout(
+                &format!("the timeout of verifier \"{}\"", v.name.get_ref()),
+                &v.timeout,
+            );
+            match timeout {
+                Some(timeout_ms) => verifiers.push(Verifier {
+                    name: v.name.get_ref().clone(),
+                    tier: *v.tier.get_ref(),
+                    run: run.clone(),
+                    timeout_ms,
+                }),
+                None => ok = false,
+            }
+        }
+        if !raw
+            .iter()
+            .any(|v| *v.get_ref().tier.get_ref() == Tier::Acceptance)
+        {
+            let message = "no [[verify]] has tier = \"acceptance\"; keel completes a run only with \
+                           acceptance evidence, so add a verifier with tier = \"acceptance\" whose \
+                           command proves the goal is met";
+            match raw.first() {
+                Some(first) => self.d.at(&first.span(), message),
+                None => self.d.document(message),
+            }
+            ok = false;
+        }
+        ok.then_some(verifiers)
+    }
+
+    fn phases(
+        &mut self,
+        raw: &[Spanned<RawPhase>],
+        verifiers: &[Spanned<RawVerifier>],
+    ) -> Option<Vec<Phase>> {
+        if raw.is_empty() {
+            self.d.document(
+                "the contract has no [[phase]]; add at least one, for example a [[phase]] with \
+                 kind = \"command\" and run = [\"<shell command>\"]",
+            );
+            return None;
+        }
+        let verifier_names: Vec<&str> = verifiers
+            .iter()
+            .map(|v| v.get_ref().name.get_ref().as_str())
+            .collect();
+        let phase_gate: Vec<String> = verifiers
+            .iter()
+            .map(Spanned::get_ref)
+            .filter(|v| *v.tier.get_ref() == Tier::Phase)
+            .map(|v| v.name.get_ref().clone())
+            .collect();
+        let mut phases = Vec::with_capacity(raw.len());
+        let mut ok = true;
+        let mut seen = BTreeMap::new();
+        for phase in raw {
+            ok &= self.name("phase", &phase.get_ref().name, &mut seen);
+            let gate = self.gate(phase.get_ref(), &verifier_names, &phase_gate);
+            let kind = self.phase_kind(phase.span(), phase.get_ref());
+            match (kind, gate) {
+                (Some(kind), Some(gate)) => phases.push(Phase {
+                    name: phase.get_ref().name.get_ref().clone(),
+                    kind,
+                    gate,
+                }),
+                _ => ok = false,
+            }
+        }
+        ok.then_some(phases)
+    }
+
+    fn gate(
+        &mut self,
+        phase: &RawPhase,
+        verifier_names: &[&str],
+        phase_gate: &[String],
+    ) -> Option<Vec<String>> {
+        let Some(done_when) = &phase.done_when else {
+            return Some(phase_gate.to_vec());
+        };
+        let mut gate = Vec::with_capacity(done_when.len());
+        let mut ok = true;
+        let mut listed = BTreeSet::new();
+        for name in done_when {
+            let text = name.get_ref();
+            if !verifier_names.contains(&text.as_str()) {
+                let known = if verifier_names.is_empty() {
+                    "the contract has no [[verify]]".to_string()
+                } else {
+                    format!("the verifiers are {}", quoted(verifier_names))
+                };
+                self.d.at(
+                    &name.span(),
+                    format!(
+                        "done_when names verifier \"{text}\", but no [[verify]] has that name; \
+                         {known}"
+                    ),
+                );
+                ok = false;
+            } else if !listed.insert(text.as_str()) {
+                self.d.at(
+                    &name.span(),
+                    format!("done_when lists verifier \"{text}\" twice; list it once"),
+                );
+                ok = false;
+            } else {
+                gate.push(text.clone());
+            }
+        }
+        ok.then_some(gate)
+    }
+
+    /// The phase's kind with its settings, or `None` after reporting why not. Features this
+    /// version of keel cannot run are refused here, each at its own key.
+    fn phase_kind(&mut self, header: Range<usize>, phase: &RawPhase) -> Option<PhaseKind> {
+        let mut ok = true;
+        if let Some(approval) = &phase.approval
+            && *approval.get_ref()
+        {
+            self.d.at(
+                &approval.span(),
+                "approval = true is not supported yet: this version of keel cannot pause a \
+                 run for a human; remove the key or set it to false",
+            );
+            ok = false;
+        }
+        if let Some(secrets) = &phase.secrets
+            && !secrets.get_ref().is_empty()
+        {
+            self.d.at(
+                &secrets.span(),
+                "secrets are not supported yet: this version of keel passes no secrets to \
+                 commands; remove `secrets`",
+            );
+            ok = false;
+        }
+        if let Some(class) = &phase.reversibility
+            && !matches!(
+                class.get_ref(),
+                RawReversibility::Reversible | RawReversibility::ReadOnly
+            )
+        {
+            self.d.at(
+                &class.span(),
+                "only reversible (and read_only) command phases are supported yet: this version \
+                 of keel re-runs an interrupted step, which is safe only for changes inside the \
+                 workspace; remove `reversibility` or set it to \"reversible\"",
+            );
+            ok = false;
+        }
+        if let Some(compensate) = &phase.compensate {
+            self.d.at(
+                &compensate.span(),
+                "compensate is not supported yet: this version of keel runs no compensations; \
+                 remove `compensate`",
+            );
+            ok = false;
+        }
+        let kind = *phase.kind.get_ref();
+        match kind {
+            RawPhaseKind::Agent | RawPhaseKind::Approval => {
+                let name = match kind {
+                    RawPhaseKind::Agent => "agent",
+                    _ => "approval",
+                };
+                self.d.at(
+                    &phase.kind.span(),
+                    format!(
+                        "phase kind \"{name}\" is not supported yet: this version of keel runs \
+                         only kind = \"command\" phases"
+                    ),
+                );
+                None
+            }
+            RawPhaseKind::Command => {
+                if let Some(objective) = &phase.objective {
+                    self.d.at(
+                        &objective.span(),
+                        "objective is only for agent phases; remove it from this command phase",
+                    );
+                    ok = false;
+                }
+                if let Some(tools) = &phase.tools {
+                    self.d.at(
+                        &tools.span(),
+                        "tools are only for agent phases; remove them from this command phase",
+                    );
+                    ok = false;
+                }
+                let run = self.phase_run(header, phase);
+                let timeout_ms = self.timeout(
+                    &format!("the timeout of phase \"{}\"", phase.name.get_ref()),
+                    &phase.timeout,
+                );
+                match (run, timeout_ms) {
+                    (Some(run), Some(timeout_ms)) if ok => {
+                        Some(PhaseKind::Command { run, timeout_ms })
+                    }
+                    _ => None,
+                }
+            }
+        }
+    }
+
+    fn phase_run(&mut self, header: Range<usize>, phase: &RawPhase) -> Option<Vec<String>> {
+        let name = phase.name.get_ref();
+        let Some(run) = &phase.run else {
+            self.d.at(
+                &header,
+                format!(
+                    "command phase \"{name}\" has no run; add run = [\"<shell command>\", ...]"
+                ),
+            );
+            return None;
+        };
+        if run.get_ref().is_empty() {
+            self.d.at(
+                &run.span(),
+                format!(
+                    "the run list of phase \"{name}\" is empty; a command phase needs at least \
+                     one shell command"
+                ),
+            );
+            return None;
+        }
+        let mut ok = true;
+        for command in run.get_ref() {
+            if command.get_ref().trim().is_empty() {
+                self.d.at(
+                    &command.span(),
+                    "this command is empty; remove it or write a shell command",
+                );
+                ok = false;
+            }
+        }
+        ok.then(|| run.get_ref().iter().map(|c| c.get_ref().clone()).collect())
+    }
+
+    /// Checks a phase or verifier name: its characters, its length, and that it is the first
+    /// of its kind with that name (`seen` maps names to where they first appeared).
+    fn name(
+        &mut self,
+        what: &str,
+        name: &Spanned<String>,
+        seen: &mut BTreeMap<String, usize>,
+    ) -> bool {
+        let text = name.get_ref();
+        let span = name.span();
+        if text.is_empty() {
+            self.d.at(
+                &span,
+                format!(
+                    "the {what} name is empty; name it with lowercase letters, digits, \"_\" and \
+                     \"-\""
+                ),
+            );
+            return false;
+        }
+        if !text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+        {
+            self.d.at(
+                &span,
+                format!(
+                    "{what} name \"{text}\" may contain only lowercase letters, digits, \"_\" and \
+                     \"-\"; rename it, for example to \"{}\"",
+                    suggest_name(text)
+                ),
+            );
+            return false;
+        }
+        let length = text.chars().count();
+        if length > MAX_NAME_LEN {
+            self.d.at(
+                &span,
+                format!(
+                    "{what} name \"{text}\" is {length} characters long; names may have at most \
+                     {MAX_NAME_LEN}"
+                ),
+            );
+            return false;
+        }
+        if let Some(first) = seen.get(text) {
+            self.d.at(
+                &span,
+                format!(
+                    "{what} name \"{text}\" is used twice (first at line {first}); {what} names \
+                     must be unique"
+                ),
+            );
+            return false;
+        }
+        seen.insert(text.clone(), self.d.line(span.start));
+        true
+    }
+
+    fn timeout(&mut self, what: &str, value: &Option<Spanned<String>>) -> Option<u64> {
+        match value {
+            Some(value) => self.duration(what, value),
+            None => Some(DEFAULT_TIMEOUT_MS),
+        }
+    }
+
+    /// A duration such as `"90s"` or `"4h"`, in whole milliseconds, greater than zero.
+    fn duration(&mut self, what: &str, value: &Spanned<String>) -> Option<u64> {
+        let text = value.get_ref();
+        match humantime::parse_duration(text.trim()) {
+            Ok(duration) => {
+                let ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+                if ms == 0 {
+                    self.d.at(
+                        &value.span(),
+                        format!(
+                            "{what} is \"{text}\", which is less than a millisecond; it must be \
+                             at least \"1ms\""
+                        ),
+                    );
+                    return None;
+                }
+                Some(ms)
+            }
+            Err(e) => {
+                self.d.at(
+                    &value.span(),
+                    format!(
+                        "{what} is \"{text}\", which is not a duration ({e}); write it like \
+                         \"90s\", \"10m\" or \"4h\""
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// A whole number greater than zero.
+    fn positive(&mut self, what: &str, value: &Spanned<i64>) -> Option<u64> {
+        let n = *value.get_ref();
+        let message = match n {
+            0 => format!(
+                "{what} is 0; a limit must be greater than 0 (leave the key out for no limit)"
+            ),
+            n if n < 0 => format!(
+                "{what} is {n}, but a limit cannot be negative; use a number greater than 0, or \
+                 leave the key out for no limit"
+            ),
+            n => return u64::try_from(n).ok(),
+        };
+        self.d.at(&value.span(), message);
+        None
+    }
+
+    /// Strings that must not be empty or blank; `None` if any is.
+    fn strings(&mut self, values: Vec<Spanned<String>>, message: &str) -> Option<Vec<String>> {
+        let mut ok = true;
+        let mut out = Vec::with_capacity(values.len());
+        for value in values {
+            if value.get_ref().trim().is_empty() {
+                self.d.at(&value.span(), message);
+                ok = false;
+            } else {
+                out.push(value.into_inner());
+            }
+        }
+        ok.then_some(out)
+    }
+
+    /// An optional string that, when present, must not be blank; `false` after reporting a
+    /// blank one.
+    fn not_blank(&mut self, value: &Option<Spanned<String>>, message: &str) -> bool {
+        match value {
+            Some(value) if value.get_ref().trim().is_empty() => {
+                self.d.at(&value.span(), message);
+                false
+            }
+            _ => true,
+        }
+    }
+}
+
+fn default_lockfiles() -> Vec<String> {
+    DEFAULT_LOCKFILES.iter().map(|f| f.to_string()).collect()
+}
+
+/// `secret:NAME` with NAME an environment-variable-like name.
+fn is_secret_reference(text: &str) -> bool {
+    let Some(name) = text.strip_prefix("secret:") else {
+        return false;
+    };
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// A valid name close to `text`: lowercased, with every other character turned into `-`.
+fn suggest_name(text: &str) -> String {
+    let name: String = text
+        .chars()
+        .map(|c| c.to_ascii_lowercase())
+        .map(|c| {
+            if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(MAX_NAME_LEN)
+        .collect();
+    name
+}
+
+fn quoted(names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|n| format!("\"{n}\""))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -1,0 +1,330 @@
+//! The versioned event vocabulary and the hash chain over it.
+//!
+//! Events are the audit log and the source of truth: the run projection is a fold over them
+//! ([`crate::run::Run::apply`]). The body is stored as JSON with a `kind` tag; the envelope carries
+//! a version so that old logs stay readable when the vocabulary grows.
+
+use serde::{Deserialize, Serialize};
+
+use crate::budget::{BudgetLimits, BudgetName};
+use crate::fingerprint::{Fingerprint, FingerprintChange};
+use crate::state::RunState;
+
+/// The version of the event encoding this keel writes. A decoder keeps reading every older one.
+pub const EVENT_VERSION: u32 = 1;
+
+/// The `prev_hash` of a run's first event.
+pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// Identifies a step: the phase's index in the contract and the step's index in the phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct StepId {
+    pub phase: u32,
+    pub index: u32,
+}
+
+impl std::fmt::Display for StepId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.phase + 1, self.index + 1)
+    }
+}
+
+/// A verifier's result: what ran, how it ended, where its output is, and in which environment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Evidence {
+    /// 1-based number of this evidence within the run.
+    pub n: u32,
+    pub verifier: String,
+    pub tier: crate::contract::Tier,
+    pub command: String,
+    pub passed: bool,
+    /// `exit 0`, `exit 1`, `killed by signal 9`, `timed out after 10s`.
+    pub status: String,
+    pub duration_ms: u64,
+    pub cpu_ms: u64,
+    /// Artifact hash of the combined stdout and stderr.
+    pub output: String,
+    /// The working tree the verifier judged.
+    pub tree: String,
+    /// Hash of the environment fingerprint at the time.
+    pub fingerprint: String,
+    /// The step this evidence judged, for step verifiers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<StepId>,
+    /// The phase this evidence judged, for phase verifiers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<u32>,
+}
+
+/// What a budget stop names: the budget, what was used and the limit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetStop {
+    pub budget: BudgetName,
+    pub used: u64,
+    pub limit: u64,
+}
+
+impl std::fmt::Display for BudgetStop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "budget `{}` exhausted: used {} of {}",
+            self.budget,
+            self.budget.format_amount(self.used),
+            self.budget.format_amount(self.limit)
+        )
+    }
+}
+
+/// Why a run is blocked, in a form a program can act on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cause", rename_all = "snake_case")]
+pub enum Block {
+    Budget(BudgetStop),
+    Drift { changes: Vec<FingerprintChange> },
+    Verification { verifier: String, evidence: u32 },
+}
+
+/// The phases of a contract as the run saw them at creation: names and their commands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PhaseOutline {
+    pub name: String,
+    pub commands: Vec<String>,
+}
+
+/// Every kind of event keel writes, version 1.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum EventBody {
+    RunCreated {
+        contract_hash: String,
+        contract_file: String,
+        workspace: String,
+        phases: Vec<PhaseOutline>,
+        /// The acceptance verifiers whose passing evidence `completed` requires.
+        acceptance: Vec<String>,
+        limits: BudgetLimits,
+        base: Fingerprint,
+        keel_version: String,
+    },
+    /// A change of run state, with its cause in words and, for `blocked`, in structure.
+    StateChanged {
+        from: RunState,
+        to: RunState,
+        reason: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        block: Option<Block>,
+    },
+    /// A process took the run (first drive or resume).
+    Resumed {
+        holder: String,
+        lease: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        checkpoint: Option<u32>,
+    },
+    PhaseStarted {
+        phase: u32,
+        name: String,
+    },
+    StepStarted {
+        step: StepId,
+        attempt: u32,
+        command: String,
+    },
+    StepFinished {
+        step: StepId,
+        status: String,
+        success: bool,
+        duration_ms: u64,
+        cpu_ms: u64,
+        output: String,
+        post: Fingerprint,
+        /// Files this step changed (the `writes` it made).
+        files_written: u64,
+        /// The size of the whole run's change against its base, after this step.
+        diff_files: u64,
+        diff_lines: u64,
+    },
+    EvidenceRecorded {
+        evidence: Evidence,
+    },
+    StepVerified {
+        step: StepId,
+    },
+    /// A step failed; its partial changes were undone (`rolled_back` names the paths).
+    StepFailed {
+        step: StepId,
+        reason: String,
+        error_fingerprint: String,
+        excerpt: String,
+        rolled_back: Vec<String>,
+    },
+    /// A step interrupted by a crash was undone before it is run again. What the working tree
+    /// held at that moment is kept under `saved_ref` so nothing is lost.
+    StepRolledBack {
+        step: StepId,
+        restored: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        saved_ref: Option<String>,
+    },
+    StepInvalidated {
+        step: StepId,
+        reason: String,
+    },
+    PhaseVerified {
+        phase: u32,
+    },
+    CheckpointTaken {
+        n: u32,
+        /// blake3 of the stored checkpoint body.
+        hash: String,
+        snapshot_ref: String,
+        commit: String,
+    },
+    BudgetRaised {
+        budget: BudgetName,
+        from: Option<u64>,
+        to: u64,
+        reason: String,
+        by: String,
+    },
+    DriftDetected {
+        changes: Vec<FingerprintChange>,
+    },
+    Migrated {
+        changes: Vec<FingerprintChange>,
+        reason: String,
+        by: String,
+        fingerprint: Fingerprint,
+    },
+    /// A torn last write was found and cut back; `seq` is the first sequence number removed.
+    TailCut {
+        seq: u64,
+        reason: String,
+    },
+    Cancelled {
+        reason: String,
+        by: String,
+    },
+}
+
+impl EventBody {
+    /// The `kind` tag, as stored beside the body for queries.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EventBody::RunCreated { .. } => "run_created",
+            EventBody::StateChanged { .. } => "state_changed",
+            EventBody::Resumed { .. } => "resumed",
+            EventBody::PhaseStarted { .. } => "phase_started",
+            EventBody::StepStarted { .. } => "step_started",
+            EventBody::StepFinished { .. } => "step_finished",
+            EventBody::EvidenceRecorded { .. } => "evidence_recorded",
+            EventBody::StepVerified { .. } => "step_verified",
+            EventBody::StepFailed { .. } => "step_failed",
+            EventBody::StepRolledBack { .. } => "step_rolled_back",
+            EventBody::StepInvalidated { .. } => "step_invalidated",
+            EventBody::PhaseVerified { .. } => "phase_verified",
+            EventBody::CheckpointTaken { .. } => "checkpoint_taken",
+            EventBody::BudgetRaised { .. } => "budget_raised",
+            EventBody::DriftDetected { .. } => "drift_detected",
+            EventBody::Migrated { .. } => "migrated",
+            EventBody::TailCut { .. } => "tail_cut",
+            EventBody::Cancelled { .. } => "cancelled",
+        }
+    }
+
+    /// The canonical JSON encoding (struct fields in declaration order, maps sorted).
+    pub fn encode(&self) -> String {
+        // Every field is a string, number, bool, enum, Vec or BTreeMap: serialisation cannot
+        // fail, so an empty body here would be a bug caught by the chain check on read.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Decodes a stored body written by event encoding `version`.
+    pub fn decode(version: u32, json: &str) -> Result<EventBody, DecodeError> {
+        match version {
+            1 => serde_json::from_str(json).map_err(|e| DecodeError::Body(e.to_string())),
+            v => Err(DecodeError::Version(v)),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error(
+        "event encoding version {0} is newer than this keel understands (it reads up to {EVENT_VERSION}); upgrade keel"
+    )]
+    Version(u32),
+    #[error("event body does not decode: {0}")]
+    Body(String),
+}
+
+/// An event with its place in the run's log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub run_id: String,
+    pub seq: u64,
+    pub at_ms: i64,
+    pub body: EventBody,
+}
+
+/// The hash chain: blake3 over the previous hash and the event's canonical encoding, each field
+/// length-prefixed so that no two different events encode alike.
+pub fn chain_hash(
+    prev_hash: &str,
+    run_id: &str,
+    seq: u64,
+    at_ms: i64,
+    version: u32,
+    body: &str,
+) -> String {
+    let mut h = blake3::Hasher::new();
+    for field in [prev_hash.as_bytes(), run_id.as_bytes()] {
+        h.update(&(field.len() as u64).to_le_bytes());
+        h.update(field);
+    }
+    h.update(&seq.to_le_bytes());
+    h.update(&at_ms.to_le_bytes());
+    h.update(&version.to_le_bytes());
+    h.update(&(body.len() as u64).to_le_bytes());
+    h.update(body.as_bytes());
+    h.finalize().to_hex().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_round_trip_through_the_encoding() {
+        let body = EventBody::StepStarted {
+            step: StepId { phase: 1, index: 2 },
+            attempt: 1,
+            command: "make".into(),
+        };
+        let json = body.encode();
+        assert!(json.starts_with(r#"{"kind":"step_started""#), "{json}");
+        assert_eq!(EventBody::decode(EVENT_VERSION, &json), Ok(body));
+    }
+
+    #[test]
+    fn a_newer_version_is_refused_with_advice() {
+        let err = EventBody::decode(99, "{}").unwrap_err();
+        assert!(err.to_string().contains("upgrade keel"));
+    }
+
+    #[test]
+    fn chain_hash_depends_on_every_field() {
+        let base = chain_hash(GENESIS_HASH, "r", 1, 5, 1, "{}");
+        assert_ne!(base, chain_hash(GENESIS_HASH, "r", 2, 5, 1, "{}"));
+        assert_ne!(base, chain_hash(GENESIS_HASH, "r", 1, 6, 1, "{}"));
+        assert_ne!(base, chain_hash(GENESIS_HASH, "r2", 1, 5, 1, "{}"));
+        assert_ne!(base, chain_hash(GENESIS_HASH, "r", 1, 5, 1, "{ }"));
+        assert_ne!(base, chain_hash(&"1".repeat(64), "r", 1, 5, 1, "{}"));
+        // Length prefixes: moving a byte between fields changes the hash.
+        assert_ne!(
+            chain_hash("ab", "c", 1, 1, 1, "{}"),
+            chain_hash("a", "bc", 1, 1, 1, "{}")
+        );
+    }
+}

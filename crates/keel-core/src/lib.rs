@@ -1,0 +1,19 @@
+//! keel-core: the pure domain of keel. No I/O, no async runtime, no clock: time is passed in.
+//!
+//! - [`contract`]: the task contract, parsed in two phases (raw TOML, then a validated type).
+//! - [`state`]: run and step state machines as transition tables.
+//! - [`event`]: the versioned event vocabulary and the hash chain.
+//! - [`run`]: the run projection as a fold over events, budget checks, and the next move.
+//! - [`checkpoint`], [`fingerprint`], [`budget`], [`errorfp`]: the models they use.
+
+pub mod budget;
+pub mod checkpoint;
+pub mod contract;
+pub mod errorfp;
+pub mod event;
+pub mod fingerprint;
+pub mod run;
+pub mod state;
+
+/// keel's version, recorded in fingerprints and run_created events.
+pub const KEEL_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,1336 @@
+//! keel-engine: the runtime. It is the only code that changes a run: it asks keel-core what to
+//! do next, does it (commands, verifiers, git snapshots), and records each outcome as events
+//! through keel-store before acting on it further.
+//!
+//! Invariants:
+//! - every state change is an event committed (fsynced, fencing token checked) before the next
+//!   action; a process that lost its lease stops writing;
+//! - an interrupted step is rolled back to the working tree it started from before it runs again,
+//!   and what the tree held is kept under a ref;
+//! - resume never continues silently in a changed environment.
+
+mod environment;
+pub mod fault;
+mod process;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use keel_core::budget::BudgetName;
+use keel_core::checkpoint::Checkpoint;
+use keel_core::contract::{Contract, ContractError, PhaseKind, Tier, Verifier};
+use keel_core::errorfp::error_fingerprint;
+use keel_core::event::{Block, Event, EventBody, Evidence, PhaseOutline, StepId};
+use keel_core::fingerprint::FingerprintChange;
+use keel_core::run::{ApplyError, Next, Run};
+use keel_core::state::RunState;
+use keel_git::{Git, GitError};
+use keel_store::{ChainProblem, Lease, Store, StoreError, StoredEvent, verify_chain};
+
+use environment::Environment;
+pub use environment::keel_excludes;
+
+/// How long a lease lasts without a commit. A holder on this machine whose process is gone
+/// loses it at once (see [`holder_is_stale`]).
+const LEASE_TTL_MS: i64 = 5 * 60 * 1000;
+/// How many changed paths a drift report names.
+const NAMED_PATHS: usize = 10;
+/// How much of a failure's output is read to fingerprint it.
+const FAILURE_TAIL_BYTES: u64 = 64 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Contract(#[from] ContractError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Git(#[from] GitError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "the event log of run {run} is damaged: {problem}. keel does not repair damage in the middle of a log; the run will not resume. The log is left as it is for inspection (`keel verify-log {run}`)."
+    )]
+    DamagedLog { run: String, problem: String },
+    #[error("run {run}: {source}")]
+    Apply {
+        run: String,
+        #[source]
+        source: ApplyError,
+    },
+    #[error("run {run}: the contract it was started with ({hash}) is missing from the store")]
+    ContractMissing { run: String, hash: String },
+    #[error("run {run} is {state}: {what}")]
+    Refused {
+        run: String,
+        state: RunState,
+        what: String,
+    },
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl EngineError {
+    pub(crate) fn io(path: &Path, source: std::io::Error) -> EngineError {
+        EngineError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// What the engine tells a person while it works.
+#[derive(Debug, Clone)]
+pub enum Progress<'a> {
+    Phase {
+        index: u32,
+        count: u32,
+        name: &'a str,
+    },
+    Step {
+        step: StepId,
+        steps: u32,
+        attempt: u32,
+        command: &'a str,
+    },
+    Verifier {
+        name: &'a str,
+        tier: Tier,
+    },
+    Checkpoint {
+        n: u32,
+    },
+    Note(&'a str),
+}
+
+pub trait Observer {
+    fn progress(&mut self, run: &Run, progress: Progress<'_>);
+}
+
+/// An observer that shows nothing.
+pub struct Quiet;
+impl Observer for Quiet {
+    fn progress(&mut self, _: &Run, _: Progress<'_>) {}
+}
+
+/// Who is acting, and where: recorded in the lease and in events that people cause.
+#[derive(Debug, Clone)]
+pub struct Actor {
+    /// `host:pid:start` of this process.
+    pub holder: String,
+    /// The person (or account) behind a human action.
+    pub by: String,
+}
+
+impl Actor {
+    pub fn current() -> Actor {
+        let pid = std::process::id();
+        Actor {
+            holder: format!("{}:{}:{}", hostname(), pid, process_start(pid).unwrap_or(0)),
+            by: std::env::var("KEEL_USER")
+                .or_else(|_| std::env::var("USER"))
+                .unwrap_or_else(|_| "unknown".to_string()),
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".to_string())
+}
+
+/// The start time of a process (clock ticks since boot), to tell a live process from a new one
+/// that reuses its pid.
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 22; the command name (field 2) may contain spaces, so count after its `)`.
+    let after = stat.rsplit_once(')')?.1;
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// A lease holder on this machine whose process no longer exists holds nothing.
+pub fn holder_is_stale(holder: &str) -> bool {
+    let mut parts = holder.rsplitn(3, ':');
+    let (Some(start), Some(pid), Some(host)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    if host != hostname() {
+        return false;
+    }
+    let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) else {
+        return false;
+    };
+    process_start(pid) != Some(start)
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// A fresh run id: a UUIDv7, so ids sort by creation time.
+pub fn new_run_id() -> String {
+    uuid::Uuid::now_v7().simple().to_string()
+}
+
+/// Reads and validates a contract file. Errors name the file, line and column.
+pub fn load_contract(path: &Path) -> Result<Contract, EngineError> {
+    let source = std::fs::read_to_string(path).map_err(|e| EngineError::io(path, e))?;
+    Ok(Contract::parse(&path.display().to_string(), &source)?)
+}
+
+/// How many times the same error may occur when the contract sets no `same_error` budget.
+pub const DEFAULT_SAME_ERROR: u64 = 3;
+
+/// The driving side of one run in this process.
+pub struct Engine<'a> {
+    store: &'a mut Store,
+    contract: Contract,
+    run: Run,
+    lease: Lease,
+    env: Environment,
+    observer: &'a mut dyn Observer,
+}
+
+/// Creates a run of `contract` (already validated) and drives it until it stops.
+/// `on_created` receives the new run's id as soon as the run exists, before anything runs.
+pub fn start(
+    store: &mut Store,
+    contract_path: &Path,
+    contract: Contract,
+    run_id: &str,
+    actor: &Actor,
+    observer: &mut dyn Observer,
+    on_created: &mut dyn FnMut(&str),
+) -> Result<Run, EngineError> {
+    let contract_dir = contract_path
+        .canonicalize()
+        .map_err(|e| EngineError::io(contract_path, e))?
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let workspace_path = contract_dir.join(&contract.workspace.path);
+    let workspace = workspace_path
+        .canonicalize()
+        .map_err(|e| EngineError::io(&workspace_path, e))?;
+    let mut env = open_environment(store, &workspace)?;
+    let base = env.fingerprint(&contract)?;
+    let mut limits = contract.budget.clone();
+    if limits.get(BudgetName::SameError).is_none() {
+        limits.set(BudgetName::SameError, DEFAULT_SAME_ERROR);
+    }
+    let phases = contract
+        .phases
+        .iter()
+        .map(|p| PhaseOutline {
+            name: p.name.clone(),
+            commands: match &p.kind {
+                PhaseKind::Command { run, .. } => run.clone(),
+            },
+        })
+        .collect();
+    let created = Event {
+        run_id: run_id.to_string(),
+        seq: 1,
+        at_ms: now_ms(),
+        body: EventBody::RunCreated {
+            contract_hash: contract.hash.clone(),
+            contract_file: contract_path
+                .canonicalize()
+                .unwrap_or_else(|_| contract_path.to_path_buf())
+                .display()
+                .to_string(),
+            workspace: workspace.display().to_string(),
+            phases,
+            acceptance: contract
+                .verifiers_of(Tier::Acceptance)
+                .map(|v| v.name.clone())
+                .collect(),
+            limits,
+            base,
+            keel_version: keel_core::KEEL_VERSION.to_string(),
+        },
+    };
+    let run = Run::create(&created).map_err(|source| EngineError::Apply {
+        run: run_id.to_string(),
+        source,
+    })?;
+    store.put_contract(&contract.hash, &run.contract_file, &contract.source)?;
+    let now = now_ms();
+    let lease = store.create_run(&created, &run, &actor.holder, now, LEASE_TTL_MS)?;
+    on_created(run_id);
+    fault::point("run created");
+    let mut engine = Engine {
+        store,
+        contract,
+        run,
+        lease,
+        env,
+        observer,
+    };
+    engine.commit(vec![EventBody::Resumed {
+        holder: actor.holder.clone(),
+        lease: engine.lease.token,
+        checkpoint: None,
+    }])?;
+    engine.drive()
+}
+
+fn open_environment(store: &Store, workspace: &Path) -> Result<Environment, EngineError> {
+    let store_dir = store
+        .path()
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let probe = Git::open(workspace, &[])?;
+    let excludes = keel_excludes(probe.root(), &store_dir);
+    let git = Git::open(workspace, &excludes)?;
+    let tmp = store_dir.join("tmp");
+    std::fs::create_dir_all(&tmp).map_err(|e| EngineError::io(&tmp, e))?;
+    Ok(Environment::new(git, workspace.to_path_buf(), tmp))
+}
+
+/// Options of a resume.
+#[derive(Debug, Clone, Default)]
+pub struct ResumeOptions {
+    /// Continue in a changed environment, recording this reason.
+    pub migrate: Option<String>,
+}
+
+/// Loads a run from its newest valid checkpoint and the events after it, checks the log and
+/// the environment, and drives it on.
+pub fn resume(
+    store: &mut Store,
+    run_id: &str,
+    options: &ResumeOptions,
+    actor: &Actor,
+    observer: &mut dyn Observer,
+) -> Result<Run, EngineError> {
+    let id = store.resolve_run(run_id)?;
+    let projected = store.run(&id)?;
+    if projected.state.is_terminal() {
+        return Ok(projected);
+    }
+    let lease = store.acquire(
+        &id,
+        &actor.holder,
+        now_ms(),
+        LEASE_TTL_MS,
+        false,
+        &holder_is_stale,
+    )?;
+    let (run, checkpoint_n) = load_verified(store, &lease, &projected)?;
+    let (_, source) =
+        store
+            .contract(&run.contract_hash)?
+            .ok_or_else(|| EngineError::ContractMissing {
+                run: id.clone(),
+                hash: run.contract_hash.clone(),
+            })?;
+    let contract = Contract::parse(&run.contract_file, &source)?;
+    let env = open_environment(store, Path::new(&run.workspace))?;
+    let mut engine = Engine {
+        store,
+        contract,
+        run,
+        lease,
+        env,
+        observer,
+    };
+    if let Some(p) = engine.run.in_progress.clone() {
+        engine.recover(p.step)?;
+    }
+    engine.commit(vec![EventBody::Resumed {
+        holder: actor.holder.clone(),
+        lease: engine.lease.token,
+        checkpoint: checkpoint_n,
+    }])?;
+    if !engine.check_drift(options, actor)? {
+        engine.release();
+        return Ok(engine.run);
+    }
+    if engine.run.state == RunState::Blocked && !engine.lift_block()? {
+        engine.release();
+        return Ok(engine.run);
+    }
+    engine.drive()
+}
+
+/// Rebuilds the run from its newest valid checkpoint and the events after it, checking their
+/// chain. A bad last event is a torn write: it is cut back (and the cut logged). Damage anywhere
+/// else stops here.
+fn load_verified(
+    store: &mut Store,
+    lease: &Lease,
+    projected: &Run,
+) -> Result<(Run, Option<u32>), EngineError> {
+    let id = projected.id.clone();
+    // The newest checkpoint whose body matches the hash its event recorded; older ones are read
+    // only when it does not.
+    let mut base = None;
+    if let Some(newest) = store.newest_checkpoint(&id)? {
+        if checkpoint_is_valid(store, &id, &newest)? {
+            base = Some(newest);
+        } else {
+            for row in store.checkpoints(&id)?.into_iter().rev() {
+                if row.n < newest.n && checkpoint_is_valid(store, &id, &row)? {
+                    base = Some(row);
+                    break;
+                }
+            }
+        }
+    }
+    let (mut run, anchor_seq, checkpoint_n) = match base {
+        Some(row) => {
+            let ck = row.decode(&id)?;
+            (ck.run, ck.seq, Some(row.n))
+        }
+        None => {
+            let first = first_event(store, &id)?;
+            let run = Run::create(&first).map_err(|source| EngineError::Apply {
+                run: id.clone(),
+                source,
+            })?;
+            (run, 1, None)
+        }
+    };
+    let tail = store.events_from(&id, anchor_seq)?;
+    let anchor = tail.first().ok_or_else(|| EngineError::DamagedLog {
+        run: id.clone(),
+        problem: format!("event {anchor_seq} is missing"),
+    })?;
+    let problem = if anchor.computed_hash() != anchor.hash {
+        Some(ChainProblem::Altered { seq: anchor.seq })
+    } else {
+        verify_chain(Some((anchor.seq, &anchor.hash)), tail.iter().skip(1)).err()
+    };
+    let log_end = tail.last().map_or(anchor_seq, |e| e.seq);
+    // A bad *last* event is a torn write; anything else is damage that keel does not repair.
+    let torn = match problem {
+        None => None,
+        Some(p)
+            if p.seq() == log_end
+                && p.seq() > anchor_seq
+                && matches!(
+                    p,
+                    ChainProblem::Altered { .. } | ChainProblem::Undecodable { .. }
+                ) =>
+        {
+            Some(p)
+        }
+        Some(p) => {
+            return Err(EngineError::DamagedLog {
+                run: id,
+                problem: p.to_string(),
+            });
+        }
+    };
+    for stored in tail.iter().skip(1) {
+        if torn.as_ref().is_some_and(|p| stored.seq >= p.seq()) {
+            break;
+        }
+        apply_stored(&mut run, stored)?;
+    }
+    if let Some(p) = torn {
+        let event = Event {
+            run_id: id.clone(),
+            seq: p.seq(),
+            at_ms: now_ms(),
+            body: EventBody::TailCut {
+                seq: p.seq(),
+                reason: format!("torn last write cut back: {p}"),
+            },
+        };
+        run.apply(&event).map_err(|source| EngineError::Apply {
+            run: id.clone(),
+            source,
+        })?;
+        store.cut_tail(lease, p.seq(), &[event], &run, now_ms() + LEASE_TTL_MS)?;
+    } else if run != *projected {
+        // The projection disagrees with the log: the log wins.
+        store.replace_projection(lease, &run)?;
+    }
+    Ok((run, checkpoint_n))
+}
+
+/// A checkpoint row is valid when the event after it is its intact `checkpoint_taken` and the
+/// body has the hash that event recorded.
+fn checkpoint_is_valid(
+    store: &Store,
+    id: &str,
+    row: &keel_store::CheckpointRow,
+) -> Result<bool, EngineError> {
+    let Some(event) = store.event(id, row.seq + 1)? else {
+        return Ok(false);
+    };
+    let recorded = match event.decode() {
+        Ok(Event {
+            body: EventBody::CheckpointTaken { n, hash, .. },
+            ..
+        }) => n == row.n && hash == row.hash,
+        _ => false,
+    };
+    Ok(recorded
+        && event.computed_hash() == event.hash
+        && blake3::hash(row.body.as_bytes()).to_hex().as_str() == row.hash)
+}
+
+fn first_event(store: &Store, id: &str) -> Result<Event, EngineError> {
+    let first = store.events_from(id, 1)?;
+    let e = first.first().ok_or_else(|| EngineError::DamagedLog {
+        run: id.to_string(),
+        problem: "the log has no events".into(),
+    })?;
+    Ok(e.decode()?)
+}
+
+fn apply_stored(run: &mut Run, stored: &StoredEvent) -> Result<(), EngineError> {
+    let event = stored.decode()?;
+    run.apply(&event).map_err(|source| EngineError::Apply {
+        run: run.id.clone(),
+        source,
+    })
+}
+
+/// Raises budgets of a blocked run (each recorded with who and why), then resumes it.
+pub fn unblock(
+    store: &mut Store,
+    run_id: &str,
+    raises: &[(BudgetName, u64)],
+    reason: &str,
+    actor: &Actor,
+    observer: &mut dyn Observer,
+) -> Result<Run, EngineError> {
+    let id = store.resolve_run(run_id)?;
+    let run = store.run(&id)?;
+    if run.state.is_terminal() {
+        return Err(EngineError::Refused {
+            run: id,
+            state: run.state,
+            what: "a finished run cannot be unblocked".into(),
+        });
+    }
+    if reason.trim().is_empty() {
+        return Err(EngineError::Usage(
+            "give a --reason: raising a budget is recorded with who and why".into(),
+        ));
+    }
+    let lease = store.acquire(
+        &id,
+        &actor.holder,
+        now_ms(),
+        LEASE_TTL_MS,
+        false,
+        &holder_is_stale,
+    )?;
+    let mut next = run.clone();
+    let mut events = Vec::new();
+    for (budget, by) in raises {
+        let Some(from) = next.limits.get(*budget) else {
+            return Err(EngineError::Usage(format!(
+                "budget `{budget}` has no limit in this run, so there is nothing to raise"
+            )));
+        };
+        let event = Event {
+            run_id: id.clone(),
+            seq: next.seq + 1,
+            at_ms: now_ms(),
+            body: EventBody::BudgetRaised {
+                budget: *budget,
+                from: Some(from),
+                to: from.saturating_add(*by),
+                reason: reason.to_string(),
+                by: actor.by.clone(),
+            },
+        };
+        next.apply(&event).map_err(|source| EngineError::Apply {
+            run: id.clone(),
+            source,
+        })?;
+        events.push(event);
+    }
+    store.commit(&lease, &events, &next, None, now_ms() + LEASE_TTL_MS)?;
+    store.release(&lease)?;
+    resume(store, &id, &ResumeOptions::default(), actor, observer)
+}
+
+/// Stops a run for good as `failed`, recording who and why. A process driving it loses its
+/// lease and stops at its next write.
+pub fn cancel(
+    store: &mut Store,
+    run_id: &str,
+    reason: &str,
+    actor: &Actor,
+) -> Result<Run, EngineError> {
+    let id = store.resolve_run(run_id)?;
+    let run = store.run(&id)?;
+    if run.state.is_terminal() {
+        return Err(EngineError::Refused {
+            run: id,
+            state: run.state,
+            what: "it has already finished".into(),
+        });
+    }
+    if reason.trim().is_empty() {
+        return Err(EngineError::Usage(
+            "give a --reason: cancelling is recorded with who and why".into(),
+        ));
+    }
+    let lease = store.acquire(&id, &actor.holder, now_ms(), LEASE_TTL_MS, true, &|_| true)?;
+    let mut next = store.run(&id)?;
+    let at = now_ms();
+    let events = vec![
+        Event {
+            run_id: id.clone(),
+            seq: next.seq + 1,
+            at_ms: at,
+            body: EventBody::Cancelled {
+                reason: reason.to_string(),
+                by: actor.by.clone(),
+            },
+        },
+        Event {
+            run_id: id.clone(),
+            seq: next.seq + 2,
+            at_ms: at,
+            body: EventBody::StateChanged {
+                from: next.state,
+                to: RunState::Failed,
+                reason: format!("cancelled by {}: {reason}", actor.by),
+                block: None,
+            },
+        },
+    ];
+    for e in &events {
+        next.apply(e).map_err(|source| EngineError::Apply {
+            run: id.clone(),
+            source,
+        })?;
+    }
+    store.commit(&lease, &events, &next, None, 0)?;
+    store.release(&lease)?;
+    Ok(next)
+}
+
+/// The result of checking a whole log.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LogReport {
+    pub run: String,
+    pub events: u64,
+    pub checkpoints: u32,
+    pub artifacts_checked: u64,
+    pub problems: Vec<String>,
+}
+
+impl LogReport {
+    pub fn ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Checks a run's whole log: sequence numbers, the hash chain, every body decodes and folds
+/// legally, checkpoints match their events, the projection matches the log's end, artifacts
+/// named by evidence and checkpoints exist with the content their name says.
+pub fn verify_log(store: &Store, run_id: &str) -> Result<LogReport, EngineError> {
+    let id = store.resolve_run(run_id)?;
+    let mut problems = Vec::new();
+    let mut expected = 1u64;
+    let mut prev = keel_core::event::GENESIS_HASH.to_string();
+    let mut run: Option<Run> = None;
+    let mut checkpoint_hashes = std::collections::BTreeMap::new();
+    let mut last_hash = prev.clone();
+    store.for_each_event(&id, 1, |e| {
+        if problems.is_empty() {
+            let checked = verify_chain(Some((expected - 1, &prev)), std::iter::once(&e))
+                .map(|_| ())
+                .or_else(|p| {
+                    if expected == 1 {
+                        verify_chain(None, std::iter::once(&e)).map(|_| ())
+                    } else {
+                        Err(p)
+                    }
+                });
+            match checked {
+                Err(p) => problems.push(p.to_string()),
+                Ok(()) => match e.decode() {
+                    Ok(event) => {
+                        if let EventBody::CheckpointTaken { n, hash, .. } = &event.body {
+                            checkpoint_hashes.insert(*n, hash.clone());
+                        }
+                        let folded = match run.as_mut() {
+                            None => Run::create(&event).map(|r| run = Some(r)),
+                            Some(r) => r.apply(&event),
+                        };
+                        if let Err(err) = folded {
+                            problems.push(format!("event {}: {err}", e.seq));
+                        }
+                    }
+                    Err(err) => problems.push(err.to_string()),
+                },
+            }
+        }
+        prev = e.hash.clone();
+        last_hash = e.hash.clone();
+        expected = e.seq + 1;
+        Ok(())
+    })?;
+    let events = expected - 1;
+    let (head_seq, head_hash) = store.log_head(&id)?;
+    if problems.is_empty() && (head_seq != events || head_hash != last_hash) {
+        problems.push(format!(
+            "the run's projection says the log ends at event {head_seq}, but it ends at {events}"
+        ));
+    }
+    let rows = store.checkpoints(&id)?;
+    let mut artifacts = std::collections::BTreeSet::new();
+    for row in &rows {
+        let body_hash = blake3::hash(row.body.as_bytes()).to_hex().to_string();
+        match checkpoint_hashes.get(&row.n) {
+            Some(h) if *h == row.hash && body_hash == row.hash => {}
+            Some(_) => problems.push(format!(
+                "checkpoint {} does not match the hash its checkpoint_taken event recorded",
+                row.n
+            )),
+            None => problems.push(format!(
+                "checkpoint {} has no checkpoint_taken event in the log",
+                row.n
+            )),
+        }
+        if let Ok(ck) = row.decode(&id) {
+            artifacts.extend(ck.artifacts);
+        }
+    }
+    if let Some(r) = &run {
+        artifacts.extend(r.artifacts());
+        if problems.is_empty() && *r != store.run(&id)? {
+            problems.push("the run's projection disagrees with its log".to_string());
+        }
+    }
+    for hash in &artifacts {
+        if !store.artifacts().verify(hash)? {
+            problems.push(format!(
+                "artifact {hash} is missing or does not match its hash"
+            ));
+        }
+    }
+    Ok(LogReport {
+        run: id,
+        events,
+        checkpoints: rows.len() as u32,
+        artifacts_checked: artifacts.len() as u64,
+        problems,
+    })
+}
+
+impl Engine<'_> {
+    /// Appends events (applied to a copy of the run first, so an illegal one changes nothing)
+    /// and commits them with the projection in one transaction.
+    fn commit(&mut self, bodies: Vec<EventBody>) -> Result<(), EngineError> {
+        self.commit_with(bodies, None)
+    }
+
+    fn commit_with(
+        &mut self,
+        bodies: Vec<EventBody>,
+        checkpoint: Option<&Checkpoint>,
+    ) -> Result<(), EngineError> {
+        let at_ms = now_ms();
+        let mut next = self.run.clone();
+        let mut events = Vec::with_capacity(bodies.len());
+        for body in bodies {
+            let event = Event {
+                run_id: next.id.clone(),
+                seq: next.seq + 1,
+                at_ms,
+                body,
+            };
+            next.apply(&event).map_err(|source| EngineError::Apply {
+                run: next.id.clone(),
+                source,
+            })?;
+            events.push(event);
+        }
+        fault::point("before commit");
+        self.store.commit(
+            &self.lease,
+            &events,
+            &next,
+            checkpoint,
+            at_ms + LEASE_TTL_MS,
+        )?;
+        self.run = next;
+        fault::point("after commit");
+        Ok(())
+    }
+
+    fn release(&mut self) {
+        // Best effort: a lease that is not released expires, and a dead holder is seen as such.
+        let _ = self.store.release(&self.lease);
+    }
+
+    fn drive(mut self) -> Result<Run, EngineError> {
+        let result = self.drive_loop();
+        self.release();
+        result.map(|()| self.run)
+    }
+
+    fn drive_loop(&mut self) -> Result<(), EngineError> {
+        loop {
+            match self.run.next() {
+                Next::Stop => return Ok(()),
+                Next::Recover(step) => self.recover(step)?,
+                Next::Checkpoint => self.checkpoint()?,
+                Next::Step(step) => {
+                    if let Some(stop) = self.run.budget_stop_before_step() {
+                        self.block_budget(stop)?;
+                        continue;
+                    }
+                    self.step(step)?;
+                    if let Some(stop) = self.run.budget_stop_after_step() {
+                        self.block_budget(stop)?;
+                    }
+                }
+                Next::VerifyPhase(phase) => self.verify_phase(phase)?,
+                Next::Accept => self.accept()?,
+                Next::Complete => self.set_state(
+                    RunState::Completed,
+                    "every acceptance verifier passed with stored evidence",
+                    None,
+                )?,
+            }
+        }
+    }
+
+    fn set_state(
+        &mut self,
+        to: RunState,
+        reason: &str,
+        block: Option<Block>,
+    ) -> Result<(), EngineError> {
+        if self.run.state == to {
+            return Ok(());
+        }
+        self.commit(vec![self.state_change(to, reason, block)])
+    }
+
+    fn state_change(&self, to: RunState, reason: &str, block: Option<Block>) -> EventBody {
+        EventBody::StateChanged {
+            from: self.run.state,
+            to,
+            reason: reason.to_string(),
+            block,
+        }
+    }
+
+    fn block_budget(&mut self, stop: keel_core::event::BudgetStop) -> Result<(), EngineError> {
+        let reason = format!(
+            "{stop}; raise it with `keel unblock {} --budget {}=+N --reason \"…\"`",
+            self.run.id, stop.budget
+        );
+        self.set_state(RunState::Blocked, &reason, Some(Block::Budget(stop)))
+    }
+
+    fn phase_outline(&self, phase: u32) -> (String, Vec<String>, u64, Vec<String>) {
+        match self.contract.phases.get(phase as usize) {
+            Some(p) => match &p.kind {
+                PhaseKind::Command { run, timeout_ms } => {
+                    (p.name.clone(), run.clone(), *timeout_ms, p.gate.clone())
+                }
+            },
+            None => (String::new(), Vec::new(), 0, Vec::new()),
+        }
+    }
+
+    fn step(&mut self, id: StepId) -> Result<(), EngineError> {
+        let (phase_name, commands, timeout_ms, _) = self.phase_outline(id.phase);
+        let command = commands.get(id.index as usize).cloned().unwrap_or_default();
+        let attempt = self.run.step(id).map(|s| s.attempts).unwrap_or(0) + 1;
+        let mut bodies = Vec::new();
+        if self.run.state != RunState::Executing {
+            bodies.push(self.state_change(RunState::Executing, "working on the next step", None));
+        }
+        let phase_fresh = self
+            .run
+            .phases
+            .get(id.phase as usize)
+            .is_some_and(|p| p.steps.iter().all(|s| s.attempts == 0));
+        if phase_fresh {
+            self.observer.progress(
+                &self.run,
+                Progress::Phase {
+                    index: id.phase,
+                    count: self.run.phases.len() as u32,
+                    name: &phase_name,
+                },
+            );
+            bodies.push(EventBody::PhaseStarted {
+                phase: id.phase,
+                name: phase_name.clone(),
+            });
+        }
+        bodies.push(EventBody::StepStarted {
+            step: id,
+            attempt,
+            command: command.clone(),
+        });
+        self.commit(bodies)?;
+        self.observer.progress(
+            &self.run,
+            Progress::Step {
+                step: id,
+                steps: commands.len() as u32,
+                attempt,
+                command: &command,
+            },
+        );
+        let pre_tree = self.run.fingerprint.tree.clone();
+        // A step may not outlast the run's wall-time budget.
+        let mut timeout = Duration::from_millis(timeout_ms);
+        if let Some(limit) = self.run.limits.get(BudgetName::WallTime) {
+            let left = limit.saturating_sub(self.run.used(BudgetName::WallTime));
+            timeout = timeout.min(Duration::from_millis(left.max(1)));
+        }
+        let out = self.output_path("step");
+        let outcome = process::run_shell(
+            &command,
+            &self.env.workspace,
+            &self.command_env(Some(id)),
+            &out,
+            timeout,
+        )
+        .map_err(|e| EngineError::io(&out, e))?;
+        fault::point("command ended");
+        let output = self.store.artifacts().put_file(&out)?;
+        let post = self.env.fingerprint(&self.contract)?;
+        let base_tree = self.run.base.tree.clone();
+        let whole = self.env.git.diff(&base_tree, &post.tree)?;
+        let this_step = if post.tree == pre_tree {
+            0
+        } else {
+            self.env.git.diff(&pre_tree, &post.tree)?.files_changed
+        };
+        self.commit(vec![EventBody::StepFinished {
+            step: id,
+            status: outcome.status.clone(),
+            success: outcome.success,
+            duration_ms: outcome.duration_ms,
+            cpu_ms: outcome.cpu_ms,
+            output: output.clone(),
+            post: post.clone(),
+            files_written: this_step,
+            diff_files: whole.files_changed,
+            diff_lines: whole.lines_added + whole.lines_removed,
+        }])?;
+        if !outcome.success {
+            let what = format!("step {id}");
+            let reason = format!("`{command}` ended with {}", outcome.status);
+            return self.fail_step(id, &what, &reason, &outcome.status, &out);
+        }
+        if post.tree != pre_tree {
+            let verifiers: Vec<Verifier> =
+                self.contract.verifiers_of(Tier::Step).cloned().collect();
+            for v in verifiers {
+                let evidence = self.run_verifier(&v, Some(id), None)?;
+                if !evidence.passed {
+                    let reason = format!(
+                        "step verifier `{}` failed ({}), evidence #{}",
+                        v.name, evidence.status, evidence.n
+                    );
+                    let log = self.store.artifacts().path(&evidence.output);
+                    return self.fail_step(id, &v.name, &reason, &evidence.status, &log);
+                }
+            }
+        }
+        let _ = std::fs::remove_file(&out);
+        self.commit(vec![EventBody::StepVerified { step: id }])
+    }
+
+    /// Records a failed step, rolled back to the tree it started from.
+    fn fail_step(
+        &mut self,
+        id: StepId,
+        what: &str,
+        reason: &str,
+        status: &str,
+        output: &Path,
+    ) -> Result<(), EngineError> {
+        let text = read_tail(output);
+        let (fp, excerpt) = error_fingerprint(what, status, &text);
+        let pre_tree = self
+            .run
+            .in_progress
+            .as_ref()
+            .map(|p| p.pre.tree.clone())
+            .unwrap_or_default();
+        let rolled_back = if self.env.git.worktree_tree()? != pre_tree {
+            self.env.git.restore_worktree(&pre_tree)?
+        } else {
+            Vec::new()
+        };
+        fault::point("failed step rolled back");
+        self.commit(vec![EventBody::StepFailed {
+            step: id,
+            reason: reason.to_string(),
+            error_fingerprint: fp,
+            excerpt,
+            rolled_back,
+        }])
+    }
+
+    /// Undoes a step that a crash interrupted: its partial changes are saved under a ref, the
+    /// working tree is restored to what the step started from, and the step is marked failed so
+    /// it runs again.
+    fn recover(&mut self, id: StepId) -> Result<(), EngineError> {
+        let pre_tree = self
+            .run
+            .in_progress
+            .as_ref()
+            .map(|p| p.pre.tree.clone())
+            .unwrap_or_default();
+        let now_tree = self.env.git.worktree_tree()?;
+        let mut saved_ref = None;
+        let mut restored = Vec::new();
+        if now_tree != pre_tree {
+            let refname = format!("refs/keel/{}/interrupted/{}", self.run.id, self.run.seq);
+            let head = self.env.git.head()?;
+            self.env.git.snapshot(
+                &now_tree,
+                head.as_deref(),
+                &format!(
+                    "keel: working tree of run {} when step {id} was interrupted",
+                    self.run.id
+                ),
+                &refname,
+            )?;
+            restored = self.env.git.restore_worktree(&pre_tree)?;
+            saved_ref = Some(refname);
+        }
+        fault::point("interrupted step rolled back");
+        self.observer.progress(
+            &self.run,
+            Progress::Note("an interrupted step was rolled back"),
+        );
+        self.commit(vec![EventBody::StepRolledBack {
+            step: id,
+            restored,
+            saved_ref,
+        }])
+    }
+
+    fn output_path(&self, what: &str) -> PathBuf {
+        self.env
+            .tmp
+            .join(format!("{}-{}-{what}.log", self.run.id, self.run.seq))
+    }
+
+    fn command_env(&self, step: Option<StepId>) -> Vec<(&'static str, String)> {
+        let mut env = vec![
+            ("KEEL_RUN_ID", self.run.id.clone()),
+            ("KEEL_WORKSPACE", self.env.workspace.display().to_string()),
+        ];
+        if let Some(step) = step {
+            env.push(("KEEL_STEP", step.to_string()));
+        }
+        env
+    }
+
+    fn run_verifier(
+        &mut self,
+        v: &Verifier,
+        step: Option<StepId>,
+        phase: Option<u32>,
+    ) -> Result<Evidence, EngineError> {
+        self.observer.progress(
+            &self.run,
+            Progress::Verifier {
+                name: &v.name,
+                tier: v.tier,
+            },
+        );
+        let out = self.output_path(&format!("verify-{}", v.name));
+        let outcome = process::run_shell(
+            &v.run,
+            &self.env.workspace,
+            &self.command_env(step),
+            &out,
+            Duration::from_millis(v.timeout_ms),
+        )
+        .map_err(|e| EngineError::io(&out, e))?;
+        fault::point("verifier ended");
+        let output = self.store.artifacts().put_file(&out)?;
+        let _ = std::fs::remove_file(&out);
+        let evidence = Evidence {
+            n: self.run.evidence_count + 1,
+            verifier: v.name.clone(),
+            tier: v.tier,
+            command: v.run.clone(),
+            passed: outcome.success,
+            status: outcome.status,
+            duration_ms: outcome.duration_ms,
+            cpu_ms: outcome.cpu_ms,
+            output,
+            tree: self.run.fingerprint.tree.clone(),
+            fingerprint: self.run.fingerprint.hash(),
+            step,
+            phase,
+        };
+        self.commit(vec![EventBody::EvidenceRecorded {
+            evidence: evidence.clone(),
+        }])?;
+        Ok(evidence)
+    }
+
+    fn verify_phase(&mut self, phase: u32) -> Result<(), EngineError> {
+        let (name, _, _, gate) = self.phase_outline(phase);
+        self.set_state(
+            RunState::Verifying,
+            &format!("verifying phase `{name}`"),
+            None,
+        )?;
+        for verifier in gate {
+            let Some(v) = self.contract.verifier(&verifier).cloned() else {
+                continue;
+            };
+            let evidence = self.run_verifier(&v, None, Some(phase))?;
+            if !evidence.passed {
+                return self.block_verification(&format!("phase `{name}`"), &evidence);
+            }
+        }
+        self.commit(vec![EventBody::PhaseVerified { phase }])
+    }
+
+    fn block_verification(&mut self, what: &str, evidence: &Evidence) -> Result<(), EngineError> {
+        let reason = format!(
+            "{what}: verifier `{}` failed ({}), evidence #{} (output in artifact {}); fix the cause, then `keel resume {}`",
+            evidence.verifier,
+            evidence.status,
+            evidence.n,
+            &evidence.output[..12.min(evidence.output.len())],
+            self.run.id
+        );
+        self.set_state(
+            RunState::Blocked,
+            &reason,
+            Some(Block::Verification {
+                verifier: evidence.verifier.clone(),
+                evidence: evidence.n,
+            }),
+        )
+    }
+
+    fn accept(&mut self) -> Result<(), EngineError> {
+        self.set_state(
+            RunState::Verifying,
+            "every phase is done: running the acceptance verifiers",
+            None,
+        )?;
+        let verifiers: Vec<Verifier> = self
+            .contract
+            .verifiers_of(Tier::Acceptance)
+            .cloned()
+            .collect();
+        for v in verifiers {
+            let evidence = self.run_verifier(&v, None, None)?;
+            if !evidence.passed {
+                return self.block_verification("acceptance", &evidence);
+            }
+        }
+        if self.run.accepted() {
+            self.set_state(
+                RunState::Completed,
+                "every acceptance verifier passed with stored evidence",
+                None,
+            )
+        } else {
+            Ok(())
+        }
+    }
+
+    fn checkpoint(&mut self) -> Result<(), EngineError> {
+        let n = self.run.checkpoints;
+        let refname = Checkpoint::snapshot_ref(&self.run.id, n);
+        let tree = self.run.fingerprint.tree.clone();
+        let commit = self.env.git.snapshot(
+            &tree,
+            self.run.fingerprint.head.as_deref(),
+            &format!("keel: run {} checkpoint {n}", self.run.id),
+            &refname,
+        )?;
+        fault::point("snapshot written");
+        let checkpoint = Checkpoint {
+            n,
+            run_id: self.run.id.clone(),
+            seq: self.run.seq,
+            at_ms: now_ms(),
+            contract_hash: self.run.contract_hash.clone(),
+            phase_cursor: self.run.cursor,
+            snapshot_ref: refname.clone(),
+            commit: commit.clone(),
+            fingerprint: self.run.fingerprint.clone(),
+            artifacts: self.run.artifacts(),
+            pending_approvals: Vec::new(),
+            run: self.run.clone(),
+        };
+        let (_, hash) = checkpoint.encode();
+        self.commit_with(
+            vec![EventBody::CheckpointTaken {
+                n,
+                hash,
+                snapshot_ref: refname,
+                commit,
+            }],
+            Some(&checkpoint),
+        )?;
+        self.observer
+            .progress(&self.run, Progress::Checkpoint { n });
+        Ok(())
+    }
+
+    /// Compares the environment with the fingerprint of the last step boundary. Returns whether
+    /// the run may go on.
+    fn check_drift(&mut self, options: &ResumeOptions, actor: &Actor) -> Result<bool, EngineError> {
+        let now = self.env.fingerprint(&self.contract)?;
+        let mut changes = now.changes_since(&self.run.fingerprint);
+        for change in &mut changes {
+            if change.part == "tree" {
+                change.key = Some(self.changed_paths(&self.run.fingerprint.tree, &now.tree));
+            }
+        }
+        let drift_block = matches!(self.run.block, Some(Block::Drift { .. }));
+        if changes.is_empty() {
+            if drift_block {
+                self.set_state(
+                    RunState::Executing,
+                    "the environment is back to what the run recorded",
+                    None,
+                )?;
+            }
+            return Ok(true);
+        }
+        if let Some(reason) = &options.migrate {
+            if reason.trim().is_empty() {
+                return Err(EngineError::Usage(
+                    "--migrate needs a --reason: the migration is recorded with who and why".into(),
+                ));
+            }
+            let mut bodies = vec![EventBody::Migrated {
+                changes,
+                reason: reason.clone(),
+                by: actor.by.clone(),
+                fingerprint: now,
+            }];
+            if drift_block {
+                bodies.push(self.state_change(
+                    RunState::Executing,
+                    &format!("migrated by {}: {reason}", actor.by),
+                    None,
+                ));
+            }
+            self.commit(bodies)?;
+            return Ok(true);
+        }
+        let described: Vec<String> = changes.iter().map(ToString::to_string).collect();
+        let reason = format!(
+            "the environment changed since the last step: {}. Put it back, or continue with `keel resume {} --migrate --reason \"…\"`",
+            described.join("; "),
+            self.run.id
+        );
+        let mut bodies = vec![EventBody::DriftDetected {
+            changes: changes.clone(),
+        }];
+        if self.run.state != RunState::Blocked {
+            bodies.push(self.state_change(
+                RunState::Blocked,
+                &reason,
+                Some(Block::Drift { changes }),
+            ));
+        }
+        self.commit(bodies)?;
+        Ok(false)
+    }
+
+    fn changed_paths(&self, from: &str, to: &str) -> String {
+        match self.env.git.diff(from, to) {
+            Ok(diff) => {
+                let mut names: Vec<String> = diff
+                    .changes
+                    .iter()
+                    .take(NAMED_PATHS)
+                    .map(|c| format!("{} {}", c.status, c.path))
+                    .collect();
+                if diff.changes.len() > NAMED_PATHS {
+                    names.push(format!("and {} more", diff.changes.len() - NAMED_PATHS));
+                }
+                names.join(", ")
+            }
+            Err(e) => format!("paths unknown: {e}"),
+        }
+    }
+
+    /// Lifts a block whose cause is gone. Returns whether the run may go on.
+    fn lift_block(&mut self) -> Result<bool, EngineError> {
+        match self.run.block.clone() {
+            Some(Block::Budget(stop)) => {
+                let still = self
+                    .run
+                    .budget_stop_before_step()
+                    .filter(|s| s.budget == stop.budget);
+                if let Some(still) = still {
+                    self.observer.progress(
+                        &self.run,
+                        Progress::Note(&format!("still blocked: {still}")),
+                    );
+                    return Ok(false);
+                }
+                let limit = self.run.limits.get(stop.budget).unwrap_or(0);
+                self.set_state(
+                    RunState::Executing,
+                    &format!(
+                        "budget `{}` raised to {}",
+                        stop.budget,
+                        stop.budget.format_amount(limit)
+                    ),
+                    None,
+                )?;
+                Ok(true)
+            }
+            Some(Block::Verification { verifier, .. }) => {
+                self.set_state(
+                    RunState::Executing,
+                    &format!("resumed by a person to run verifier `{verifier}` again"),
+                    None,
+                )?;
+                Ok(true)
+            }
+            Some(Block::Drift { .. }) | None => Ok(self.run.state != RunState::Blocked),
+        }
+    }
+}
+
+fn read_tail(path: &Path) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(FAILURE_TAIL_BYTES)));
+    let mut buf = Vec::new();
+    let _ = f.read_to_end(&mut buf);
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// A short, human description of a fingerprint change list.
+pub fn describe_changes(changes: &[FingerprintChange]) -> String {
+    changes
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}

@@ -1,0 +1,792 @@
+//! keel-git: the `git` command-line program wrapped with typed errors.
+//!
+//! keel needs a few facts and actions from the git repository a run works in: the parts of the
+//! environment fingerprint (HEAD, branch, a tree id of the whole working tree), snapshots of the
+//! working tree as commits on `refs/keel/<run>/<n>`, the size of a change between two trees, the
+//! changed paths, and putting the working tree's files back to a recorded tree.
+//!
+//! Invariants:
+//! - Nothing here touches the user's index, HEAD or branch. Trees of the working tree are built
+//!   in a temporary index file (`GIT_INDEX_FILE`) in the git directory, removed afterwards.
+//! - The paths given as `exclude` to [`Git::open`] (keel's own files, e.g. `.keel`) never enter a
+//!   tree, a diff or a restore.
+//! - git runs with a fixed environment (`LC_ALL=C`, no prompts, no pager, no hooks, no commit
+//!   signing, no replace refs, no redirection through `GIT_DIR` and friends); paths are read
+//!   with `-z`, so spaces, newlines and non-ASCII names are handled.
+//! - The user's own conversion rules (`.gitattributes`, `core.autocrlf`, `core.fileMode`) apply
+//!   as they do to the user's own `git add` and `git checkout`, so a tree of a clean checkout is
+//!   HEAD's tree and a diff against HEAD is what `git diff HEAD` shows.
+//! - No libgit2: only `std::process::Command` running `git`.
+//!
+//! Paths are reported as UTF-8 strings; a path that is not valid UTF-8 is reported lossily.
+
+mod command;
+mod error;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use command::Invocation;
+pub use error::GitError;
+
+/// A git working tree, opened once and then asked for facts and snapshots.
+#[derive(Debug, Clone)]
+pub struct Git {
+    /// Top of the working tree, as git reports it.
+    root: PathBuf,
+    /// The (per-worktree) git directory: where temporary index files go.
+    git_dir: PathBuf,
+    /// The user's index file; only ever read, to reuse its file stat data.
+    index_file: PathBuf,
+    /// Paths relative to `root`, normalised, that keel's own files live in.
+    excludes: Vec<String>,
+}
+
+/// The size of the change between two trees.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Diff {
+    /// Number of paths that differ (one per entry of `changes`).
+    pub files_changed: u64,
+    /// Lines added over all text files; binary files add nothing.
+    pub lines_added: u64,
+    /// Lines removed over all text files; binary files add nothing.
+    pub lines_removed: u64,
+    /// Every differing path, in git's order (sorted by path).
+    pub changes: Vec<Change>,
+}
+
+/// One path that differs between two trees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// git's status letter: `A` added, `M` modified (content or mode), `D` deleted, `T` type
+    /// changed (file, symlink, submodule). Renames are not detected: a rename is `D` plus `A`.
+    pub status: char,
+    /// Path relative to the top of the working tree, `/`-separated.
+    pub path: String,
+}
+
+/// File mode of a submodule entry (a commit inside a tree).
+const GITLINK_MODE: &str = "160000";
+
+impl Git {
+    /// Opens the repository whose working tree contains `workdir`. `exclude` are paths relative
+    /// to the working tree root (e.g. ".keel") that keel's own files live in: they never enter
+    /// trees, diffs, or restores.
+    pub fn open(workdir: &Path, exclude: &[String]) -> Result<Git, GitError> {
+        let metadata = fs::metadata(workdir).map_err(|source| GitError::Io {
+            action: "open the workspace directory",
+            path: workdir.to_path_buf(),
+            source,
+        })?;
+        if !metadata.is_dir() {
+            return Err(GitError::InvalidArgument {
+                what: "workspace directory",
+                value: workdir.display().to_string(),
+                reason: "not a directory",
+            });
+        }
+        let mut excludes = exclude
+            .iter()
+            .map(|path| normalize_exclude(path))
+            .collect::<Result<Vec<_>, _>>()?;
+        excludes.sort();
+        excludes.dedup();
+
+        let toplevel = Invocation::new(workdir).args(["rev-parse", "--show-toplevel"]);
+        let output = toplevel.output()?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if !output.status.success() {
+            return Err(if stderr.contains("not a git repository") {
+                GitError::NotARepository {
+                    path: workdir.to_path_buf(),
+                }
+            } else if stderr.contains("must be run in a work tree") {
+                GitError::NoWorkTree {
+                    path: workdir.to_path_buf(),
+                }
+            } else {
+                toplevel.failed(&output)
+            });
+        }
+        let root = toplevel.text(output.stdout, "the top of the working tree")?;
+        if root.is_empty() {
+            // Older gits print nothing (and succeed) inside the .git directory.
+            return Err(GitError::NoWorkTree {
+                path: workdir.to_path_buf(),
+            });
+        }
+        let root = PathBuf::from(root);
+
+        let dirs =
+            Invocation::new(&root).args(["rev-parse", "--absolute-git-dir", "--git-path", "index"]);
+        let text = dirs.text(dirs.run()?, "the git directory and the index path")?;
+        let mut lines = text.lines();
+        let (Some(git_dir), Some(index_file), None) = (lines.next(), lines.next(), lines.next())
+        else {
+            return Err(dirs.unexpected("the git directory and the index path", text));
+        };
+        // --git-path prints a path relative to the directory git ran in (the root).
+        let index_file = root.join(index_file);
+        let git_dir = PathBuf::from(git_dir);
+
+        Ok(Git {
+            root,
+            git_dir,
+            index_file,
+            excludes,
+        })
+    }
+
+    /// Top of the working tree.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Commit id HEAD points at, or `None` when the branch is unborn (no commits yet).
+    pub fn head(&self) -> Result<Option<String>, GitError> {
+        // rev-parse rather than `resolve`: a HEAD whose commit is missing from the object store
+        // is a broken repository, and must fail later rather than pass for an unborn branch.
+        let rev_parse = self.git().args(["rev-parse", "-q", "--verify", "HEAD"]);
+        let output = rev_parse.output()?;
+        match output.status.code() {
+            Some(0) => {
+                let id = rev_parse.text(output.stdout, "a commit id")?;
+                if is_object_id(&id) {
+                    Ok(Some(id))
+                } else {
+                    Err(rev_parse.unexpected("a commit id", id))
+                }
+            }
+            Some(1) => Ok(None),
+            _ => Err(rev_parse.failed(&output)),
+        }
+    }
+
+    /// Short name of the checked-out branch (also when it is unborn), `None` when HEAD is
+    /// detached.
+    pub fn branch(&self) -> Result<Option<String>, GitError> {
+        let Some(target) = self.symbolic_head()? else {
+            return Ok(None);
+        };
+        Ok(Some(match target.strip_prefix("refs/heads/") {
+            Some(short) => short.to_string(),
+            None => target,
+        }))
+    }
+
+    /// Tree id of the working tree as it is on disk: tracked and untracked files, not ignored
+    /// ones, minus the excluded paths. Built in a temporary index file; the user's index is
+    /// only read (to reuse its stat data, so unchanged files are not hashed again).
+    pub fn worktree_tree(&self) -> Result<String, GitError> {
+        let index = TempIndex::new(&self.git_dir);
+        self.read_head_into(&index)?;
+        self.remove_excluded(&index)?;
+        let mut add = self
+            .git()
+            .index_file(&index.path)
+            .args(["add", "-A", "--", "."]);
+        // An exclude pathspec that names an ignored path makes `git add` fail ("paths are
+        // ignored"); ignored paths stay out of the tree anyway, so only the others are named.
+        for exclude in self.unignored_excludes()? {
+            add = add.arg(format!(":(exclude,top,literal){exclude}"));
+        }
+        add.run()?;
+        self.write_tree(&index)
+    }
+
+    /// Creates a commit of `tree` (with parent `parent` if given) with `message`, and points
+    /// `refname` at it, creating or moving it. The author and committer are always
+    /// "keel <keel@localhost>"; no signing, no hooks. Returns the commit id.
+    ///
+    /// `refname` must be a full ref name under `refs/` and not the checked-out branch: a
+    /// snapshot never moves the user's HEAD or branch.
+    pub fn snapshot(
+        &self,
+        tree: &str,
+        parent: Option<&str>,
+        message: &str,
+        refname: &str,
+    ) -> Result<String, GitError> {
+        check_rev("tree", tree)?;
+        if let Some(parent) = parent {
+            check_rev("parent", parent)?;
+        }
+        if !refname.starts_with("refs/") {
+            return Err(GitError::InvalidArgument {
+                what: "snapshot ref name",
+                value: refname.to_string(),
+                reason: "must be a full ref name under refs/, e.g. refs/keel/<run>/<n>",
+            });
+        }
+        if self.symbolic_head()?.as_deref() == Some(refname) {
+            return Err(GitError::InvalidArgument {
+                what: "snapshot ref name",
+                value: refname.to_string(),
+                reason: "is the checked-out branch; a snapshot never moves it",
+            });
+        }
+
+        let mut commit_tree = self
+            .git()
+            .args(["commit-tree", tree])
+            .env("GIT_AUTHOR_NAME", "keel")
+            .env("GIT_AUTHOR_EMAIL", "keel@localhost")
+            .env("GIT_COMMITTER_NAME", "keel")
+            .env("GIT_COMMITTER_EMAIL", "keel@localhost")
+            .stdin(message.as_bytes().to_vec());
+        if let Some(parent) = parent {
+            commit_tree = commit_tree.args(["-p", parent]);
+        }
+        let commit = commit_tree.run_line("a commit id")?;
+        if !is_object_id(&commit) {
+            return Err(commit_tree.unexpected("a commit id", commit));
+        }
+
+        // --no-deref: if refname is a symbolic ref, replace it rather than move its target.
+        self.git()
+            .args(["update-ref", "--no-deref", "-m", "keel: snapshot"])
+            .args([refname, commit.as_str()])
+            .run()?;
+        Ok(commit)
+    }
+
+    /// Full object id `rev` names, or `None` if it names nothing that exists. Any revision
+    /// syntax git understands (`HEAD`, `refs/keel/r/1`, `HEAD:path`, an abbreviated id).
+    pub fn resolve(&self, rev: &str) -> Result<Option<String>, GitError> {
+        if rev.is_empty() || rev.contains(['\n', '\r', '\0']) {
+            return Err(GitError::InvalidArgument {
+                what: "revision",
+                value: rev.to_string(),
+                reason: "must be non-empty and on one line",
+            });
+        }
+        // cat-file reads the name from stdin: no option injection, and it checks that the
+        // object exists (rev-parse --verify does not for a full hex id).
+        let check = self
+            .git()
+            .args(["cat-file", "--batch-check=%(objectname)"])
+            .stdin(format!("{rev}\n").into_bytes());
+        let line = check.run_line("an object id or \"missing\"")?;
+        if is_object_id(&line) {
+            Ok(Some(line))
+        } else if line == format!("{rev} missing") {
+            Ok(None)
+        } else if line == format!("{rev} ambiguous") {
+            Err(GitError::InvalidArgument {
+                what: "revision",
+                value: rev.to_string(),
+                reason: "is an ambiguous abbreviated object id",
+            })
+        } else {
+            Err(check.unexpected("an object id or \"missing\"", line))
+        }
+    }
+
+    /// Size of the change between two tree-ish (tree or commit ids): files changed, lines added
+    /// and removed (binary files count as changed files with 0 lines), and the paths with a
+    /// status letter. Excluded paths are left out.
+    pub fn diff(&self, from: &str, to: &str) -> Result<Diff, GitError> {
+        let (entries, lines_added, lines_removed) = self.diff_tree(from, to, true)?;
+        Ok(Diff {
+            files_changed: entries.len() as u64,
+            lines_added,
+            lines_removed,
+            changes: entries
+                .into_iter()
+                .map(|entry| Change {
+                    status: entry.status,
+                    path: entry.path,
+                })
+                .collect(),
+        })
+    }
+
+    /// Makes the files of the working tree equal to `tree`: writes every file of the tree that
+    /// differs on disk, deletes untracked (non-ignored, non-excluded) files not in it. Ignored
+    /// and excluded files stay. Does not move HEAD or the branch and leaves the user's index
+    /// content as it was (its stat data goes stale; git refreshes it). Returns the paths it
+    /// changed, sorted.
+    ///
+    /// Submodules (gitlinks) are left as they are.
+    pub fn restore_worktree(&self, tree: &str) -> Result<Vec<String>, GitError> {
+        check_rev("tree", tree)?;
+        let current = self.worktree_tree()?;
+
+        // The target without excluded paths, in an index that checkout-index can write from.
+        let index = TempIndex::new(&self.git_dir);
+        self.git()
+            .index_file(&index.path)
+            .args(["read-tree", tree])
+            .run()?;
+        self.remove_excluded(&index)?;
+        let target = self.write_tree(&index)?;
+
+        let (entries, _, _) = self.diff_tree(&current, &target, false)?;
+        let mut changed = Vec::new();
+        let mut to_write = Vec::new();
+        // Deletions first, so that a directory that becomes a file (or the reverse) is free.
+        for entry in &entries {
+            let submodule = entry.old_mode == GITLINK_MODE || entry.new_mode == GITLINK_MODE;
+            if submodule {
+                continue;
+            }
+            if entry.status == 'D' {
+                if self.delete_file(&entry.path)? {
+                    changed.push(entry.path.clone());
+                }
+            } else {
+                to_write.push(entry.path.clone());
+            }
+        }
+        if !to_write.is_empty() {
+            let mut paths = Vec::new();
+            for path in &to_write {
+                paths.extend_from_slice(path.as_bytes());
+                paths.push(0);
+            }
+            self.git()
+                .index_file(&index.path)
+                .args(["checkout-index", "--force", "-z", "--stdin"])
+                .stdin(paths)
+                .run()?;
+            changed.extend(to_write);
+        }
+        changed.sort();
+        Ok(changed)
+    }
+
+    /// `git --version`, trimmed: "git version 2.47.3".
+    pub fn version(&self) -> Result<String, GitError> {
+        self.git().arg("--version").run_line("a version line")
+    }
+
+    /// Id of the empty tree (for diffs from an unborn HEAD); the object is written, so any git
+    /// command can read it.
+    pub fn empty_tree(&self) -> Result<String, GitError> {
+        let mktree = self.git().arg("mktree").stdin(Vec::new());
+        let id = mktree.run_line("a tree id")?;
+        if is_object_id(&id) {
+            Ok(id)
+        } else {
+            Err(mktree.unexpected("a tree id", id))
+        }
+    }
+
+    fn git(&self) -> Invocation<'_> {
+        Invocation::new(&self.root)
+    }
+
+    /// The ref HEAD points at ("refs/heads/main"), or `None` when HEAD is detached.
+    fn symbolic_head(&self) -> Result<Option<String>, GitError> {
+        let symbolic_ref = self.git().args(["symbolic-ref", "-q", "HEAD"]);
+        let output = symbolic_ref.output()?;
+        match output.status.code() {
+            Some(0) => Ok(Some(symbolic_ref.text(output.stdout, "a ref name")?)),
+            Some(1) => Ok(None),
+            _ => Err(symbolic_ref.failed(&output)),
+        }
+    }
+
+    /// Fills `index` with HEAD's tree (nothing when HEAD is unborn).
+    ///
+    /// Fast path: start from a copy of the user's index and merge HEAD into it with
+    /// `read-tree -m`, which keeps the stat data of entries whose content matches HEAD, so
+    /// `git add` does not hash unchanged files again. That copy would also carry
+    /// assume-unchanged and skip-worktree bits, which make `git add` blind to changes on disk;
+    /// if any entry has one (or the merge fails), start again from HEAD's tree alone.
+    fn read_head_into(&self, index: &TempIndex) -> Result<(), GitError> {
+        let Some(head) = self.head()? else {
+            return Ok(());
+        };
+        if index.copy_from(&self.index_file)? {
+            let merge = self
+                .git()
+                .index_file(&index.path)
+                .args(["read-tree", "-m", head.as_str()])
+                .output()?;
+            if merge.status.success() && !self.has_flagged_entries(index)? {
+                return Ok(());
+            }
+            index.remove()?;
+        }
+        self.git()
+            .index_file(&index.path)
+            .args(["read-tree", head.as_str()])
+            .run()?;
+        Ok(())
+    }
+
+    /// Whether any entry of `index` is marked assume-unchanged or skip-worktree.
+    fn has_flagged_entries(&self, index: &TempIndex) -> Result<bool, GitError> {
+        let listing = self
+            .git()
+            .index_file(&index.path)
+            .args(["ls-files", "-v", "-z"])
+            .run()?;
+        // Each entry is "<tag> <path>\0": a lowercase tag is assume-unchanged, S skip-worktree.
+        Ok(listing
+            .split(|byte| *byte == 0)
+            .filter_map(|entry| entry.first())
+            .any(|tag| tag.is_ascii_lowercase() || *tag == b'S'))
+    }
+
+    /// The excluded paths that .gitignore (or another ignore source) does not already ignore.
+    fn unignored_excludes(&self) -> Result<Vec<&String>, GitError> {
+        if self.excludes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut input = Vec::new();
+        for exclude in &self.excludes {
+            input.extend_from_slice(exclude.as_bytes());
+            input.push(0);
+        }
+        let check = self
+            .git()
+            .args(["check-ignore", "--no-index", "-z", "--stdin"])
+            .stdin(input);
+        let output = check.output()?;
+        // Exit 0: some are ignored (listed); 1: none is; anything else is an error.
+        let ignored: Vec<&[u8]> = match output.status.code() {
+            Some(0) => output.stdout.split(|b| *b == 0).collect(),
+            Some(1) => Vec::new(),
+            _ => return Err(check.failed(&output)),
+        };
+        Ok(self
+            .excludes
+            .iter()
+            .filter(|e| !ignored.contains(&e.as_bytes()))
+            .collect())
+    }
+
+    /// Drops the excluded paths from `index`.
+    fn remove_excluded(&self, index: &TempIndex) -> Result<(), GitError> {
+        if self.excludes.is_empty() || !index.path.exists() {
+            return Ok(());
+        }
+        self.git()
+            .index_file(&index.path)
+            .args(["rm", "--cached", "-r", "-f", "-q", "--ignore-unmatch", "--"])
+            .args(
+                self.excludes
+                    .iter()
+                    .map(|exclude| format!(":(top,literal){exclude}")),
+            )
+            .run()?;
+        Ok(())
+    }
+
+    fn write_tree(&self, index: &TempIndex) -> Result<String, GitError> {
+        let write_tree = self.git().index_file(&index.path).arg("write-tree");
+        let id = write_tree.run_line("a tree id")?;
+        if is_object_id(&id) {
+            Ok(id)
+        } else {
+            Err(write_tree.unexpected("a tree id", id))
+        }
+    }
+
+    /// Raw diff entries between two tree-ish, and the line counts when `numstat` is set.
+    fn diff_tree(
+        &self,
+        from: &str,
+        to: &str,
+        numstat: bool,
+    ) -> Result<(Vec<RawEntry>, u64, u64), GitError> {
+        check_rev("tree", from)?;
+        check_rev("tree", to)?;
+        let mut diff_tree = self.git().args([
+            "diff-tree",
+            "-r",
+            "-z",
+            "--no-commit-id",
+            "--no-renames",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--raw",
+        ]);
+        if numstat {
+            diff_tree = diff_tree.arg("--numstat");
+        }
+        diff_tree = diff_tree.args([from, to]);
+        if !self.excludes.is_empty() {
+            diff_tree = diff_tree.args(["--", "."]).args(
+                self.excludes
+                    .iter()
+                    .map(|exclude| format!(":(exclude,top,literal){exclude}")),
+            );
+        }
+        let output = diff_tree.run()?;
+        parse_diff_tree(&output).map_err(|detail| {
+            diff_tree.unexpected(detail, String::from_utf8_lossy(&output).into_owned())
+        })
+    }
+
+    /// Deletes the file (or symlink) at `path` and then its parent directories that became
+    /// empty. Returns whether something was deleted.
+    fn delete_file(&self, path: &str) -> Result<bool, GitError> {
+        let full = self.root.join(path);
+        // A file "under" a symlinked directory is not in the working tree (git never records
+        // one), and deleting through the link would reach outside it.
+        if self.has_symlink_parent(path) {
+            return Ok(false);
+        }
+        match fs::symlink_metadata(&full) {
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(source) => {
+                return Err(GitError::Io {
+                    action: "inspect",
+                    path: full,
+                    source,
+                });
+            }
+            // A directory here is not the file the tree recorded (a race with another writer);
+            // leave it rather than delete a directory of unknown content.
+            Ok(metadata) if metadata.is_dir() => return Ok(false),
+            Ok(_) => {}
+        }
+        fs::remove_file(&full).map_err(|source| GitError::Io {
+            action: "delete",
+            path: full.clone(),
+            source,
+        })?;
+        let mut dir = full.parent();
+        while let Some(current) = dir {
+            if current == self.root || fs::remove_dir(current).is_err() {
+                break;
+            }
+            dir = current.parent();
+        }
+        Ok(true)
+    }
+
+    fn has_symlink_parent(&self, path: &str) -> bool {
+        let mut prefix = self.root.clone();
+        let components: Vec<&str> = path.split('/').collect();
+        let Some((_, parents)) = components.split_last() else {
+            return false;
+        };
+        parents.iter().any(|component| {
+            prefix.push(component);
+            fs::symlink_metadata(&prefix).is_ok_and(|m| m.file_type().is_symlink())
+        })
+    }
+}
+
+/// One record of `git diff-tree --raw`.
+#[derive(Debug)]
+struct RawEntry {
+    old_mode: String,
+    new_mode: String,
+    status: char,
+    path: String,
+}
+
+/// Parses `diff-tree -z --raw [--numstat]` output: raw records
+/// (`:<mode> <mode> <id> <id> <status>\0<path>\0`) then numstat records
+/// (`<added>\t<removed>\t<path>\0`, `-` for binary files).
+fn parse_diff_tree(output: &[u8]) -> Result<(Vec<RawEntry>, u64, u64), &'static str> {
+    let mut entries = Vec::new();
+    let (mut added, mut removed) = (0u64, 0u64);
+    let mut fields = output.split(|byte| *byte == 0);
+    while let Some(field) = fields.next() {
+        if field.is_empty() {
+            continue;
+        }
+        if let Some(header) = field.strip_prefix(b":") {
+            let header = String::from_utf8_lossy(header);
+            let parts: Vec<&str> = header.split(' ').collect();
+            let [old_mode, new_mode, _, _, status] = parts.as_slice() else {
+                return Err("raw diff records");
+            };
+            let status = status.chars().next().ok_or("a status letter")?;
+            let path = fields.next().ok_or("a path after a raw diff record")?;
+            entries.push(RawEntry {
+                old_mode: (*old_mode).to_string(),
+                new_mode: (*new_mode).to_string(),
+                status,
+                path: String::from_utf8_lossy(path).into_owned(),
+            });
+        } else {
+            let mut parts = field.splitn(3, |byte| *byte == b'\t');
+            let (Some(plus), Some(minus), Some(_path)) = (parts.next(), parts.next(), parts.next())
+            else {
+                return Err("numstat records");
+            };
+            added += parse_count(plus)?;
+            removed += parse_count(minus)?;
+        }
+    }
+    Ok((entries, added, removed))
+}
+
+fn parse_count(field: &[u8]) -> Result<u64, &'static str> {
+    if field == b"-" {
+        return Ok(0); // binary
+    }
+    std::str::from_utf8(field)
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .ok_or("line counts")
+}
+
+/// A 40 (SHA-1) or 64 (SHA-256) digit lowercase hex object id.
+fn is_object_id(text: &str) -> bool {
+    matches!(text.len(), 40 | 64) && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// Refuses a revision argument git would read as an option.
+fn check_rev(what: &'static str, rev: &str) -> Result<(), GitError> {
+    if rev.is_empty() || rev.starts_with('-') || rev.contains('\0') {
+        return Err(GitError::InvalidArgument {
+            what,
+            value: rev.to_string(),
+            reason: "must be a non-empty revision not starting with '-'",
+        });
+    }
+    Ok(())
+}
+
+/// "./.keel/" → ".keel"; refuses absolute paths, `..`, and the empty path (which would exclude
+/// everything).
+fn normalize_exclude(path: &str) -> Result<String, GitError> {
+    let invalid = |reason| GitError::InvalidArgument {
+        what: "exclude path",
+        value: path.to_string(),
+        reason,
+    };
+    if path.starts_with('/') {
+        return Err(invalid("must be relative to the top of the working tree"));
+    }
+    let mut parts = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => return Err(invalid("must not contain `..`")),
+            part => parts.push(part),
+        }
+    }
+    if parts.is_empty() {
+        return Err(invalid("must name a path inside the working tree"));
+    }
+    Ok(parts.join("/"))
+}
+
+/// A temporary index file in the git directory, deleted (with any lock git left) on drop.
+struct TempIndex {
+    path: PathBuf,
+}
+
+impl TempIndex {
+    fn new(git_dir: &Path) -> TempIndex {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_nanos());
+        let name = format!(
+            "keel-index-{}-{}-{}",
+            std::process::id(),
+            nanos,
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        TempIndex {
+            path: git_dir.join(name),
+        }
+    }
+
+    /// Copies `source` here with its modification time (git judges "racily clean" entries
+    /// against the index file's mtime). Returns false when `source` does not exist.
+    fn copy_from(&self, source: &Path) -> Result<bool, GitError> {
+        let io = |action, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| GitError::Io {
+                action,
+                path,
+                source,
+            }
+        };
+        let modified = match fs::metadata(source) {
+            Ok(metadata) => metadata
+                .modified()
+                .map_err(io("read the mtime of", source))?,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(err) => return Err(io("read", source)(err)),
+        };
+        match fs::copy(source, &self.path) {
+            Ok(_) => {}
+            // The user's git replaced or removed its index meanwhile: start from HEAD alone.
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(err) => return Err(io("copy the index to", &self.path)(err)),
+        }
+        fs::File::options()
+            .write(true)
+            .open(&self.path)
+            .and_then(|file| file.set_modified(modified))
+            .map_err(io("set the mtime of", &self.path))?;
+        Ok(true)
+    }
+
+    fn remove(&self) -> Result<(), GitError> {
+        match fs::remove_file(&self.path) {
+            Ok(()) => Ok(()),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(GitError::Io {
+                action: "delete the temporary index",
+                path: self.path.clone(),
+                source,
+            }),
+        }
+    }
+}
+
+impl Drop for TempIndex {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.path);
+        let mut lock = self.path.clone().into_os_string();
+        lock.push(".lock");
+        let _ = fs::remove_file(lock);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exclude_paths_are_normalised_and_checked() {
+        assert_eq!(
+            normalize_exclude("./.keel/").ok(),
+            Some(".keel".to_string())
+        );
+        assert_eq!(normalize_exclude("a//b").ok(), Some("a/b".to_string()));
+        assert!(normalize_exclude("/abs").is_err());
+        assert!(normalize_exclude("../up").is_err());
+        assert!(normalize_exclude("./").is_err());
+    }
+
+    #[test]
+    fn diff_tree_output_is_parsed_with_binary_and_odd_paths() {
+        let z = "0".repeat(40);
+        let output = format!(
+            ":100644 100644 {z} {z} M\0a b\0:000000 100644 {z} {z} A\0bin\0\
+             :100644 000000 {z} {z} D\0tab\there\x003\t1\ta b\0-\t-\tbin\x000\t2\ttab\there\0"
+        );
+        let (entries, added, removed) = parse_diff_tree(output.as_bytes()).unwrap();
+        let summary: Vec<(char, &str)> = entries
+            .iter()
+            .map(|entry| (entry.status, entry.path.as_str()))
+            .collect();
+        assert_eq!(summary, [('M', "a b"), ('A', "bin"), ('D', "tab\there")]);
+        assert_eq!((added, removed), (3, 3));
+    }
+
+    #[test]
+    fn object_ids_are_recognised() {
+        assert!(is_object_id(&"a".repeat(40)));
+        assert!(is_object_id(&"0".repeat(64)));
+        assert!(!is_object_id("HEAD missing"));
+        assert!(!is_object_id(&"A".repeat(40)));
+    }
+}

@@ -1,0 +1,191 @@
+//! Opening a repository and reading its facts: root, HEAD, branch, resolve, version, errors.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::Repo;
+use keel_git::{Git, GitError};
+
+#[test]
+fn open_outside_a_repository_is_not_a_repository_naming_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = Git::open(dir.path(), &[]).unwrap_err();
+    assert!(
+        matches!(&err, GitError::NotARepository { path } if path == dir.path()),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains(&dir.path().display().to_string()),
+        "{message}"
+    );
+    assert!(message.contains("git init"), "{message}");
+}
+
+#[test]
+fn open_of_a_missing_directory_names_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nowhere");
+    let err = Git::open(&missing, &[]).unwrap_err();
+    assert!(
+        matches!(&err, GitError::Io { path, .. } if *path == missing),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn open_inside_the_git_directory_or_a_bare_repository_is_no_work_tree() {
+    let repo = Repo::new();
+    let err = Git::open(&repo.file(".git"), &[]).unwrap_err();
+    assert!(matches!(err, GitError::NoWorkTree { .. }), "{err:?}");
+
+    let bare = tempfile::tempdir().unwrap();
+    common::git_command(bare.path())
+        .args(["init", "-q", "--bare"])
+        .status()
+        .unwrap();
+    let err = Git::open(bare.path(), &[]).unwrap_err();
+    assert!(matches!(err, GitError::NoWorkTree { .. }), "{err:?}");
+}
+
+#[test]
+fn open_from_a_subdirectory_finds_the_top_of_the_working_tree() {
+    let repo = Repo::with_commit(&[("src/deep/a.txt", "a\n")]);
+    let git = Git::open(&repo.file("src/deep"), &[]).unwrap();
+    assert_eq!(
+        git.root().canonicalize().unwrap(),
+        repo.path().canonicalize().unwrap()
+    );
+}
+
+#[test]
+fn open_refuses_exclude_paths_outside_the_working_tree() {
+    let repo = Repo::new();
+    for bad in ["/etc", "../up", "a/../../b", "", "./"] {
+        let err = Git::open(repo.path(), &[bad.to_string()]).unwrap_err();
+        assert!(
+            matches!(err, GitError::InvalidArgument { .. }),
+            "{bad:?}: {err:?}"
+        );
+    }
+}
+
+#[test]
+fn head_is_none_and_branch_is_named_on_an_unborn_branch() {
+    let repo = Repo::new();
+    let git = repo.open(&[]);
+    assert_eq!(git.head().unwrap(), None);
+    assert_eq!(git.branch().unwrap(), Some("main".to_string()));
+}
+
+#[test]
+fn head_and_branch_on_a_branch_with_commits() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    repo.git(&["checkout", "-q", "-b", "feature/x"]);
+    let git = repo.open(&[]);
+    assert_eq!(git.head().unwrap(), Some(repo.git(&["rev-parse", "HEAD"])));
+    assert_eq!(git.branch().unwrap(), Some("feature/x".to_string()));
+}
+
+#[test]
+fn branch_is_none_when_head_is_detached() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    let first = repo.git(&["rev-parse", "HEAD"]);
+    repo.write("a.txt", "b\n");
+    repo.commit_all("second");
+    repo.git(&["checkout", "-q", "--detach", &first]);
+    let git = repo.open(&[]);
+    assert_eq!(git.head().unwrap(), Some(first));
+    assert_eq!(git.branch().unwrap(), None);
+}
+
+#[test]
+fn resolve_gives_full_ids_and_none_for_what_does_not_exist() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n"), ("dir with space/b c", "b\n")]);
+    let git = repo.open(&[]);
+    let head = repo.git(&["rev-parse", "HEAD"]);
+    assert_eq!(git.resolve("HEAD").unwrap(), Some(head.clone()));
+    assert_eq!(
+        git.resolve("HEAD:dir with space/b c").unwrap(),
+        Some(repo.git(&["rev-parse", "HEAD:dir with space/b c"]))
+    );
+    assert_eq!(git.resolve("HEAD:dir with space/nope").unwrap(), None);
+    assert_eq!(git.resolve(&head[..12]).unwrap(), Some(head.clone()));
+    assert_eq!(git.resolve("refs/heads/main").unwrap(), Some(head));
+    assert_eq!(
+        git.resolve("HEAD:a.txt").unwrap(),
+        Some(repo.git(&["rev-parse", "HEAD:a.txt"]))
+    );
+    assert_eq!(git.resolve("refs/keel/run/1").unwrap(), None);
+    // A well-formed id of an object that is not in the repository.
+    assert_eq!(git.resolve(&"1".repeat(40)).unwrap(), None);
+    // Option-looking names are names, not options.
+    assert_eq!(git.resolve("--help").unwrap(), None);
+    assert!(matches!(
+        git.resolve("a\nb"),
+        Err(GitError::InvalidArgument { .. })
+    ));
+}
+
+#[test]
+fn version_is_the_trimmed_version_line() {
+    let repo = Repo::new();
+    let version = repo.open(&[]).version().unwrap();
+    assert!(version.starts_with("git version "), "{version:?}");
+    assert_eq!(version, version.trim());
+}
+
+#[test]
+fn empty_tree_is_the_id_of_the_empty_tree() {
+    let repo = Repo::new();
+    let git = repo.open(&[]);
+    let expected = repo.git(&["hash-object", "-t", "tree", "/dev/null"]);
+    assert_eq!(git.empty_tree().unwrap(), expected);
+    assert_eq!(git.resolve(&expected).unwrap(), Some(expected));
+}
+
+#[test]
+fn a_failing_git_command_reports_command_line_status_and_stderr() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    let git = repo.open(&[]);
+    let missing = "1".repeat(40);
+    let err = git.diff(&missing, "HEAD").unwrap_err();
+    let GitError::Failed {
+        command,
+        status,
+        stderr,
+    } = &err
+    else {
+        panic!("expected Failed, got {err:?}");
+    };
+    assert!(
+        command.contains("diff-tree") && command.contains(&missing),
+        "{command}"
+    );
+    assert!(
+        command.contains(&repo.path().display().to_string()),
+        "{command}"
+    );
+    assert!(status.contains("exit status"), "{status}");
+    assert!(!stderr.is_empty());
+    let message = err.to_string();
+    assert!(
+        message.contains(command) && message.contains(stderr),
+        "{message}"
+    );
+}
+
+#[test]
+fn option_looking_revisions_are_refused_before_running_git() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    let git = repo.open(&[]);
+    assert!(matches!(
+        git.diff("--output=/tmp/x", "HEAD"),
+        Err(GitError::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        git.restore_worktree("-q"),
+        Err(GitError::InvalidArgument { .. })
+    ));
+}

@@ -1,0 +1,180 @@
+//! `Git::snapshot`: commits of working-tree trees on keel's own refs.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::Repo;
+use keel_git::GitError;
+
+#[test]
+fn snapshot_creates_the_ref_at_a_commit_with_the_tree_and_parent() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    let git = repo.open(&[]);
+    repo.write("a.txt", "work in progress\n");
+    let tree = git.worktree_tree().unwrap();
+    let head = git.head().unwrap().unwrap();
+
+    let commit = git
+        .snapshot(&tree, Some(&head), "keel run r1 step 1\n", "refs/keel/r1/1")
+        .unwrap();
+
+    assert_eq!(repo.git(&["rev-parse", "refs/keel/r1/1"]), commit);
+    assert_eq!(git.resolve("refs/keel/r1/1").unwrap(), Some(commit.clone()));
+    assert_eq!(
+        repo.git(&["rev-parse", &format!("{commit}^{{tree}}")]),
+        tree
+    );
+    assert_eq!(repo.git(&["rev-parse", &format!("{commit}^1")]), head);
+    assert_eq!(
+        repo.git(&["log", "-1", "--format=%an <%ae>|%cn <%ce>|%B", &commit]),
+        "keel <keel@localhost>|keel <keel@localhost>|keel run r1 step 1"
+    );
+}
+
+#[test]
+fn snapshot_without_a_parent_is_a_root_commit() {
+    let repo = Repo::new();
+    repo.write("a.txt", "a\n");
+    let git = repo.open(&[]);
+    let tree = git.worktree_tree().unwrap();
+    let commit = git.snapshot(&tree, None, "first", "refs/keel/r/0").unwrap();
+    assert_eq!(
+        repo.git(&["rev-list", "--parents", "-1", &commit]),
+        commit,
+        "a root commit lists no parents"
+    );
+    assert_eq!(git.head().unwrap(), None, "the branch stays unborn");
+}
+
+#[test]
+fn snapshot_moves_an_existing_ref() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    let git = repo.open(&[]);
+    let first_tree = git.worktree_tree().unwrap();
+    let first = git
+        .snapshot(&first_tree, None, "one", "refs/keel/r/latest")
+        .unwrap();
+    repo.write("a.txt", "b\n");
+    let second_tree = git.worktree_tree().unwrap();
+    let second = git
+        .snapshot(&second_tree, Some(&first), "two", "refs/keel/r/latest")
+        .unwrap();
+    assert_ne!(first, second);
+    assert_eq!(repo.git(&["rev-parse", "refs/keel/r/latest"]), second);
+}
+
+#[test]
+fn snapshot_works_without_identity_and_with_signing_and_failing_hooks_configured() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    // An identity git refuses, signing with a program that always fails, and a hooks directory
+    // whose every hook fails.
+    repo.git(&["config", "user.name", ""]);
+    repo.git(&["config", "user.email", ""]);
+    repo.git(&["config", "user.useConfigOnly", "true"]);
+    repo.git(&["config", "commit.gpgsign", "true"]);
+    repo.git(&["config", "gpg.program", "false"]);
+    repo.git(&["config", "core.hooksPath", "hooks"]);
+    #[cfg(unix)]
+    for hook in ["reference-transaction", "pre-commit", "post-commit"] {
+        repo.write(&format!("hooks/{hook}"), "#!/bin/sh\nexit 1\n");
+        common::set_executable(&repo.file(&format!("hooks/{hook}")), true);
+    }
+    // Check the fixture: git itself fails to commit or move a ref here.
+    let tree = repo.head_tree();
+    let plain = common::git_command(repo.path())
+        .env_remove("GIT_AUTHOR_NAME")
+        .env_remove("GIT_AUTHOR_EMAIL")
+        .env_remove("GIT_COMMITTER_NAME")
+        .env_remove("GIT_COMMITTER_EMAIL")
+        .args(["commit-tree", &tree, "-m", "x"])
+        .output()
+        .unwrap();
+    assert!(!plain.status.success(), "fixture should refuse to commit");
+    #[cfg(unix)]
+    {
+        let head = repo.git(&["rev-parse", "HEAD"]);
+        let update = repo.git_output(&["update-ref", "refs/fixture/x", &head]);
+        assert!(!update.status.success(), "fixture hook should refuse");
+    }
+
+    let git = repo.open(&[]);
+    let head = git.head().unwrap();
+    let commit = git
+        .snapshot(&tree, head.as_deref(), "snapshot", "refs/keel/r/1")
+        .unwrap();
+    assert_eq!(repo.git(&["rev-parse", "refs/keel/r/1"]), commit);
+    assert_eq!(
+        repo.git(&["cat-file", "-p", &commit])
+            .lines()
+            .filter(|line| line.starts_with("gpgsig"))
+            .count(),
+        0
+    );
+}
+
+#[test]
+fn snapshot_leaves_head_branch_index_and_status_alone() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    repo.write("a.txt", "staged\n");
+    repo.git(&["add", "a.txt"]);
+    repo.write("b.txt", "untracked\n");
+    let head = repo.git(&["rev-parse", "HEAD"]);
+    let index = repo.index_bytes();
+    let status = repo.status();
+
+    let git = repo.open(&[]);
+    let tree = git.worktree_tree().unwrap();
+    git.snapshot(&tree, Some(&head), "s", "refs/keel/r/1")
+        .unwrap();
+
+    assert_eq!(repo.git(&["rev-parse", "HEAD"]), head);
+    assert_eq!(repo.git(&["symbolic-ref", "HEAD"]), "refs/heads/main");
+    assert_eq!(repo.index_bytes(), index);
+    assert_eq!(repo.status(), status);
+}
+
+#[test]
+fn snapshot_refuses_names_outside_refs_and_the_checked_out_branch() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    let git = repo.open(&[]);
+    let tree = repo.head_tree();
+    let head = repo.git(&["rev-parse", "HEAD"]);
+    for refname in ["HEAD", "main", "refs/heads/main"] {
+        let err = git.snapshot(&tree, None, "x", refname).unwrap_err();
+        assert!(
+            matches!(err, GitError::InvalidArgument { .. }),
+            "{refname}: {err:?}"
+        );
+    }
+    assert_eq!(repo.git(&["rev-parse", "HEAD"]), head);
+}
+
+#[test]
+fn snapshot_of_a_missing_tree_fails_with_gits_message() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    let git = repo.open(&[]);
+    let err = git
+        .snapshot(&"1".repeat(40), None, "x", "refs/keel/r/1")
+        .unwrap_err();
+    assert!(
+        matches!(&err, GitError::Failed { command, stderr, .. }
+            if command.contains("commit-tree") && !stderr.is_empty()),
+        "{err:?}"
+    );
+    assert_eq!(git.resolve("refs/keel/r/1").unwrap(), None);
+}
+
+#[test]
+fn snapshot_onto_a_symbolic_ref_replaces_it_instead_of_moving_its_target() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    repo.git(&["branch", "other"]);
+    repo.git(&["symbolic-ref", "refs/keel/r/alias", "refs/heads/other"]);
+    let other = repo.git(&["rev-parse", "refs/heads/other"]);
+    let git = repo.open(&[]);
+    repo.write("a.txt", "b\n");
+    let tree = git.worktree_tree().unwrap();
+    let commit = git.snapshot(&tree, None, "s", "refs/keel/r/alias").unwrap();
+    assert_eq!(repo.git(&["rev-parse", "refs/heads/other"]), other);
+    assert_eq!(repo.git(&["rev-parse", "refs/keel/r/alias"]), commit);
+}

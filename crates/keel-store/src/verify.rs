@@ -1,0 +1,96 @@
+//! Checking a run's hash chain.
+
+use keel_core::event::GENESIS_HASH;
+
+use crate::StoredEvent;
+
+/// The first thing wrong with a stretch of a run's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChainProblem {
+    /// Sequence numbers skip or repeat.
+    Gap { expected: u64, found: u64 },
+    /// The event's stored hash is not the hash of its content: it was altered or torn.
+    Altered { seq: u64 },
+    /// The event does not link to the one before it.
+    Unlinked { seq: u64 },
+    /// The body does not decode.
+    Undecodable { seq: u64, message: String },
+}
+
+impl ChainProblem {
+    pub fn seq(&self) -> u64 {
+        match self {
+            ChainProblem::Gap { found, .. } => *found,
+            ChainProblem::Altered { seq }
+            | ChainProblem::Unlinked { seq }
+            | ChainProblem::Undecodable { seq, .. } => *seq,
+        }
+    }
+}
+
+impl std::fmt::Display for ChainProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChainProblem::Gap { expected, found } => {
+                write!(
+                    f,
+                    "event {found} follows where {expected} was expected: events are missing or repeated"
+                )
+            }
+            ChainProblem::Altered { seq } => write!(
+                f,
+                "event {seq} does not match its hash: its content was changed or only partly written"
+            ),
+            ChainProblem::Unlinked { seq } => write!(
+                f,
+                "event {seq} does not link to the event before it: the chain is broken"
+            ),
+            ChainProblem::Undecodable { seq, message } => {
+                write!(f, "event {seq} does not decode: {message}")
+            }
+        }
+    }
+}
+
+/// Checks a contiguous stretch of events. `anchor` is the `(seq, hash)` of the event before the
+/// first one, or `None` when the stretch starts at the beginning of the log. Returns the number of
+/// events checked or the first problem.
+pub fn verify_chain<'a>(
+    anchor: Option<(u64, &str)>,
+    events: impl IntoIterator<Item = &'a StoredEvent>,
+) -> Result<u64, ChainProblem> {
+    let (mut expected, mut prev) = match anchor {
+        Some((seq, hash)) => (seq + 1, hash.to_string()),
+        None => (1, GENESIS_HASH.to_string()),
+    };
+    let mut count = 0;
+    for e in events {
+        check_one(expected, &prev, e)?;
+        prev = e.hash.clone();
+        expected += 1;
+        count += 1;
+    }
+    Ok(count)
+}
+
+pub(crate) fn check_one(expected: u64, prev: &str, e: &StoredEvent) -> Result<(), ChainProblem> {
+    if e.seq != expected {
+        return Err(ChainProblem::Gap {
+            expected,
+            found: e.seq,
+        });
+    }
+    if e.computed_hash() != e.hash {
+        return Err(ChainProblem::Altered { seq: e.seq });
+    }
+    if e.prev_hash != prev {
+        return Err(ChainProblem::Unlinked { seq: e.seq });
+    }
+    if let Err(err) = e.decode() {
+        return Err(ChainProblem::Undecodable {
+            seq: e.seq,
+            message: err.to_string(),
+        });
+    }
+    Ok(())
+}
