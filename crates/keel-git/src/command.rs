@@ -129,6 +129,7 @@ impl<'a> Invocation<'a> {
     /// Runs git and returns its output whatever the exit status.
     pub(crate) fn output(&self) -> Result<Output, GitError> {
         let mut command = Command::new("git");
+        terminate_with_parent(&mut command);
         command.current_dir(self.cwd);
         for config in FORCED_CONFIG {
             command.arg("-c").arg(config);
@@ -236,6 +237,22 @@ fn quote(arg: &OsStr) -> String {
         text.into_owned()
     } else {
         format!("'{}'", text.replace('\'', r"'\''"))
+    }
+}
+
+/// git gets SIGTERM when keel dies (also by SIGKILL), so a crash does not leave a git
+/// process running beside the keel that resumes the run. SIGTERM, not SIGKILL: git removes
+/// its lock files when terminated, and a lock file left behind would block the next write.
+#[allow(unsafe_code)]
+fn terminate_with_parent(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which
+    // is async-signal-safe and touches no memory shared with the parent.
+    unsafe {
+        command.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
+                .map_err(std::io::Error::from)
+        });
     }
 }
 

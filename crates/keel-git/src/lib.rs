@@ -131,6 +131,7 @@ impl Git {
         let index_file = root.join(index_file);
         let git_dir = PathBuf::from(git_dir);
 
+        remove_orphaned_indexes(&git_dir);
         Ok(Git {
             root,
             git_dir,
@@ -674,6 +675,25 @@ fn normalize_exclude(path: &str) -> Result<String, GitError> {
 }
 
 /// A temporary index file in the git directory, deleted (with any lock git left) on drop.
+/// Temporary index files (and their locks) left by a keel process that was killed: their name
+/// carries the pid, and a pid with no process behind it left them. Best effort.
+fn remove_orphaned_indexes(git_dir: &Path) {
+    let Ok(entries) = fs::read_dir(git_dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("keel-index-")) else {
+            continue;
+        };
+        let pid = rest.split('-').next().unwrap_or("");
+        let alive = !pid.is_empty() && Path::new("/proc").join(pid).exists();
+        if !alive {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
 struct TempIndex {
     path: PathBuf,
 }

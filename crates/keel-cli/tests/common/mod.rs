@@ -2,7 +2,7 @@
 //! written into it, and helpers that run `keel` and explain failures with the command, its
 //! output and the directory listing.
 
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -115,7 +115,12 @@ impl Fixture {
             .lines()
             .next()
             .and_then(|l| l.strip_prefix("run "))
-            .unwrap_or_else(|| panic!("keel run did not print its id first\n{}", self.explain(&out)))
+            .unwrap_or_else(|| {
+                panic!(
+                    "keel run did not print its id first\n{}",
+                    self.explain(&out)
+                )
+            })
             .trim()
             .to_string();
         (id, out)

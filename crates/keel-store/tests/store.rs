@@ -1,0 +1,281 @@
+//! The store's contract, checked against the SQLite implementation: events and projections move
+//! together, the chain is computed and checked, leases fence out stale writers, torn tails are
+//! cut with a record.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use keel_core::budget::BudgetLimits;
+use keel_core::event::{Event, EventBody, PhaseOutline, StepId};
+use keel_core::fingerprint::Fingerprint;
+use keel_core::run::Run;
+use keel_store::{ChainProblem, Store, StoreError, verify_chain};
+
+fn open() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join(".keel/keel.db")).unwrap();
+    (dir, store)
+}
+
+fn created(id: &str) -> (Event, Run) {
+    let e = Event {
+        run_id: id.into(),
+        seq: 1,
+        at_ms: 1000,
+        body: EventBody::RunCreated {
+            contract_hash: "c".repeat(64),
+            contract_file: "keel.toml".into(),
+            workspace: "/w".into(),
+            phases: vec![PhaseOutline {
+                name: "p".into(),
+                commands: vec!["true".into()],
+            }],
+            acceptance: vec!["a".into()],
+            limits: BudgetLimits::default(),
+            base: Fingerprint::default(),
+            keel_version: "0".into(),
+        },
+    };
+    let run = Run::create(&e).unwrap();
+    (e, run)
+}
+
+/// Appends `bodies` after the run's last event, returning the events and the new projection.
+fn next(run: &Run, bodies: Vec<EventBody>) -> (Vec<Event>, Run) {
+    let mut r = run.clone();
+    let mut events = Vec::new();
+    for body in bodies {
+        let e = Event {
+            run_id: r.id.clone(),
+            seq: r.seq + 1,
+            at_ms: 2000 + r.seq as i64,
+            body,
+        };
+        r.apply(&e).unwrap();
+        events.push(e);
+    }
+    (events, r)
+}
+
+fn resumed(lease: u64) -> EventBody {
+    EventBody::Resumed {
+        holder: "h".into(),
+        lease,
+        checkpoint: None,
+    }
+}
+
+#[test]
+fn events_and_projection_are_committed_together_with_a_chain() {
+    let (_d, mut store) = open();
+    let (e, run) = created("r1");
+    let lease = store.create_run(&e, &run, "me", 0, 1000).unwrap();
+    let (events, run2) = next(&run, vec![resumed(1), resumed(1)]);
+    store.commit(&lease, &events, &run2, None, 0).unwrap();
+
+    assert_eq!(store.run("r1").unwrap(), run2);
+    let stored = store.events_from("r1", 1).unwrap();
+    assert_eq!(stored.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3]);
+    assert_eq!(verify_chain(None, &stored), Ok(3));
+    assert_eq!(store.log_head("r1").unwrap(), (3, stored[2].hash.clone()));
+    assert_eq!(stored[1].decode().unwrap(), events[0]);
+}
+
+#[test]
+fn a_stale_lease_cannot_write() {
+    let (_d, mut store) = open();
+    let (e, run) = created("r1");
+    let old = store.create_run(&e, &run, "a", 0, 1000).unwrap();
+    // Another holder takes the run by force (as cancel does): the old lease is fenced out.
+    let new = store
+        .acquire("r1", "b", 10, 1000, true, &|_| false)
+        .unwrap();
+    assert!(new.token > old.token);
+    let (events, run2) = next(&run, vec![resumed(1)]);
+    let err = store.commit(&old, &events, &run2, None, 0).unwrap_err();
+    assert!(matches!(err, StoreError::LeaseLost { .. }), "{err}");
+    assert_eq!(store.log_head("r1").unwrap().0, 1, "nothing was written");
+    store.commit(&new, &events, &run2, None, 0).unwrap();
+}
+
+#[test]
+fn a_held_lease_is_refused_unless_expired_or_stale() {
+    let (_d, mut store) = open();
+    let (e, run) = created("r1");
+    store.create_run(&e, &run, "a", 0, 1000).unwrap();
+    let err = store
+        .acquire("r1", "b", 10, 1000, false, &|_| false)
+        .unwrap_err();
+    assert!(matches!(err, StoreError::LeaseHeld { .. }), "{err}");
+    assert!(err.to_string().contains("held by a"));
+    // Expired.
+    assert!(
+        store
+            .acquire("r1", "b", 5000, 1000, false, &|_| false)
+            .is_ok()
+    );
+    // Held by b until 6000; a holder judged gone (a dead process) does not count.
+    assert!(
+        store
+            .acquire("r1", "c", 5001, 1000, false, &|_| false)
+            .is_err()
+    );
+    let lease = store
+        .acquire("r1", "c", 5001, 1000, false, &|h| h == "b")
+        .unwrap();
+    store.release(&lease).unwrap();
+    assert_eq!(store.lease_info("r1").unwrap().holder, None);
+    assert!(
+        store
+            .acquire("r1", "d", 5002, 1000, false, &|_| false)
+            .is_ok()
+    );
+}
+
+#[test]
+fn a_writer_that_is_behind_the_log_conflicts() {
+    let (_d, mut store) = open();
+    let (e, run) = created("r1");
+    let lease = store.create_run(&e, &run, "a", 0, 1000).unwrap();
+    let (events, run2) = next(&run, vec![resumed(1)]);
+    store.commit(&lease, &events, &run2, None, 0).unwrap();
+    // The same events again (a writer that did not see its own commit): refused.
+    let err = store.commit(&lease, &events, &run2, None, 0).unwrap_err();
+    assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
+}
+
+#[test]
+fn tampering_is_found_by_the_chain_check() {
+    let (dir, mut store) = open();
+    let (e, run) = created("r1");
+    let lease = store.create_run(&e, &run, "a", 0, 1000).unwrap();
+    let (events, run2) = next(&run, vec![resumed(1), resumed(1), resumed(1)]);
+    store.commit(&lease, &events, &run2, None, 0).unwrap();
+    drop(store);
+    let db = rusqlite_open(&dir);
+    db.execute(
+        "UPDATE events SET body = replace(body, '\"h\"', '\"x\"') WHERE seq = 2",
+        [],
+    )
+    .unwrap();
+    let store = Store::open(&dir.path().join(".keel/keel.db")).unwrap();
+    let stored = store.events_from("r1", 1).unwrap();
+    assert_eq!(
+        verify_chain(None, &stored),
+        Err(ChainProblem::Altered { seq: 2 })
+    );
+    // A removed event is a gap.
+    db.execute("DELETE FROM events WHERE seq = 3", []).unwrap();
+    let stored = store.events_from("r1", 3).unwrap();
+    let anchor = store.events_from("r1", 2).unwrap()[0].clone();
+    assert_eq!(
+        verify_chain(Some((2, &anchor.hash)), &stored),
+        Err(ChainProblem::Gap {
+            expected: 3,
+            found: 4
+        })
+    );
+}
+
+#[test]
+fn a_cut_tail_is_removed_and_recorded() {
+    let (_d, mut store) = open();
+    let (e, run) = created("r1");
+    let lease = store.create_run(&e, &run, "a", 0, 1000).unwrap();
+    let (events, run2) = next(&run, vec![resumed(1), resumed(1)]);
+    store.commit(&lease, &events, &run2, None, 0).unwrap();
+    // Rebuild without event 3 and record the cut in its place.
+    let (_, without) = next(&run, vec![resumed(1)]);
+    let (cut, rebuilt) = next(
+        &without,
+        vec![EventBody::TailCut {
+            seq: 3,
+            reason: "torn".into(),
+        }],
+    );
+    store.cut_tail(&lease, 3, &cut, &rebuilt, 0).unwrap();
+    let stored = store.events_from("r1", 1).unwrap();
+    assert_eq!(stored.len(), 3);
+    assert_eq!(stored[2].kind, "tail_cut");
+    assert_eq!(verify_chain(None, &stored), Ok(3));
+    assert_eq!(store.run("r1").unwrap(), rebuilt);
+}
+
+#[test]
+fn projections_follow_the_events() {
+    let (dir, mut store) = open();
+    let (e, run) = created("r1");
+    let lease = store.create_run(&e, &run, "a", 0, 1000).unwrap();
+    let step = StepId { phase: 0, index: 0 };
+    let (events, run2) = next(
+        &run,
+        vec![
+            EventBody::StateChanged {
+                from: keel_core::state::RunState::Planned,
+                to: keel_core::state::RunState::Executing,
+                reason: "go".into(),
+                block: None,
+            },
+            EventBody::StepStarted {
+                step,
+                attempt: 1,
+                command: "true".into(),
+            },
+        ],
+    );
+    store.commit(&lease, &events, &run2, None, 0).unwrap();
+    drop(store);
+    let db = rusqlite_open(&dir);
+    let (state, steps_used): (String, i64) = db
+        .query_row(
+            "SELECT r.state, b.used FROM runs r JOIN budgets b ON b.run_id = r.id AND b.name = 'steps'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!((state.as_str(), steps_used), ("executing", 1));
+    let step_state: String = db
+        .query_row(
+            "SELECT state FROM steps WHERE phase = 0 AND idx = 0",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(step_state, "in_progress");
+}
+
+#[test]
+fn runs_resolve_by_unique_prefix() {
+    let (_d, mut store) = open();
+    for id in ["abc1", "abc2", "xyz"] {
+        let (e, run) = created(id);
+        store.create_run(&e, &run, "a", 0, 1000).unwrap();
+    }
+    assert_eq!(store.resolve_run("x").unwrap(), "xyz");
+    assert_eq!(store.resolve_run("abc1").unwrap(), "abc1");
+    assert!(matches!(
+        store.resolve_run("abc"),
+        Err(StoreError::AmbiguousRun { .. })
+    ));
+    assert!(matches!(
+        store.resolve_run("q"),
+        Err(StoreError::NoSuchRun(_))
+    ));
+    assert_eq!(store.runs().unwrap().len(), 3);
+}
+
+#[test]
+fn a_store_from_a_newer_keel_is_refused() {
+    let (dir, store) = open();
+    drop(store);
+    rusqlite_open(&dir)
+        .pragma_update(None, "user_version", 99)
+        .unwrap();
+    let err = Store::open(&dir.path().join(".keel/keel.db"))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("upgrade keel"), "{err}");
+}
+
+fn rusqlite_open(dir: &tempfile::TempDir) -> rusqlite::Connection {
+    rusqlite::Connection::open(dir.path().join(".keel/keel.db")).unwrap()
+}
