@@ -151,6 +151,7 @@ fn error_code(err: &anyhow::Error) -> u8 {
 fn store_code(e: &StoreError) -> u8 {
     match e {
         StoreError::NoSuchRun(_) | StoreError::AmbiguousRun { .. } => exit::USAGE,
+        StoreError::Projection { .. } => exit::FAILED,
         _ => exit::INTERNAL,
     }
 }

@@ -268,27 +268,36 @@ pub struct Event {
     pub body: EventBody,
 }
 
-/// The hash chain: blake3 over the previous hash and the event's canonical encoding, each field
-/// length-prefixed so that no two different events encode alike.
-pub fn chain_hash(
-    prev_hash: &str,
-    run_id: &str,
-    seq: u64,
-    at_ms: i64,
-    version: u32,
-    body: &str,
-) -> String {
-    let mut h = blake3::Hasher::new();
-    for field in [prev_hash.as_bytes(), run_id.as_bytes()] {
-        h.update(&(field.len() as u64).to_le_bytes());
-        h.update(field);
+/// The stored form of an event as the hash chain covers it: every column but the hash.
+#[derive(Debug, Clone, Copy)]
+pub struct Envelope<'a> {
+    pub prev_hash: &'a str,
+    pub run_id: &'a str,
+    pub seq: u64,
+    pub at_ms: i64,
+    pub version: u32,
+    pub kind: &'a str,
+    pub body: &'a str,
+}
+
+impl Envelope<'_> {
+    /// The hash chain: blake3 over the previous hash and the event's canonical encoding, each
+    /// field length-prefixed so that no two different events encode alike.
+    pub fn hash(&self) -> String {
+        let mut h = blake3::Hasher::new();
+        for field in [self.prev_hash, self.run_id] {
+            h.update(&(field.len() as u64).to_le_bytes());
+            h.update(field.as_bytes());
+        }
+        h.update(&self.seq.to_le_bytes());
+        h.update(&self.at_ms.to_le_bytes());
+        h.update(&self.version.to_le_bytes());
+        for field in [self.kind, self.body] {
+            h.update(&(field.len() as u64).to_le_bytes());
+            h.update(field.as_bytes());
+        }
+        h.finalize().to_hex().to_string()
     }
-    h.update(&seq.to_le_bytes());
-    h.update(&at_ms.to_le_bytes());
-    h.update(&version.to_le_bytes());
-    h.update(&(body.len() as u64).to_le_bytes());
-    h.update(body.as_bytes());
-    h.finalize().to_hex().to_string()
 }
 
 #[cfg(test)]
@@ -314,17 +323,46 @@ mod tests {
     }
 
     #[test]
-    fn chain_hash_depends_on_every_field() {
-        let base = chain_hash(GENESIS_HASH, "r", 1, 5, 1, "{}");
-        assert_ne!(base, chain_hash(GENESIS_HASH, "r", 2, 5, 1, "{}"));
-        assert_ne!(base, chain_hash(GENESIS_HASH, "r", 1, 6, 1, "{}"));
-        assert_ne!(base, chain_hash(GENESIS_HASH, "r2", 1, 5, 1, "{}"));
-        assert_ne!(base, chain_hash(GENESIS_HASH, "r", 1, 5, 1, "{ }"));
-        assert_ne!(base, chain_hash(&"1".repeat(64), "r", 1, 5, 1, "{}"));
-        // Length prefixes: moving a byte between fields changes the hash.
-        assert_ne!(
-            chain_hash("ab", "c", 1, 1, 1, "{}"),
-            chain_hash("a", "bc", 1, 1, 1, "{}")
-        );
+    fn the_chain_hash_depends_on_every_field() {
+        let base = Envelope {
+            prev_hash: GENESIS_HASH,
+            run_id: "r",
+            seq: 1,
+            at_ms: 5,
+            version: 1,
+            kind: "resumed",
+            body: "{}",
+        };
+        let h = base.hash();
+        let other = "1".repeat(64);
+        for changed in [
+            Envelope {
+                prev_hash: &other,
+                ..base
+            },
+            Envelope {
+                run_id: "r2",
+                ..base
+            },
+            Envelope { seq: 2, ..base },
+            Envelope { at_ms: 6, ..base },
+            Envelope { version: 2, ..base },
+            Envelope {
+                kind: "migrated",
+                ..base
+            },
+            Envelope {
+                body: "{ }",
+                ..base
+            },
+            // Length prefixes: moving a byte between fields changes the hash.
+            Envelope {
+                kind: "resumed{",
+                body: "}",
+                ..base
+            },
+        ] {
+            assert_ne!(changed.hash(), h, "{changed:?}");
+        }
     }
 }

@@ -314,10 +314,12 @@ pub fn resume(
     observer: &mut dyn Observer,
 ) -> Result<Run, EngineError> {
     let id = store.resolve_run(run_id)?;
-    let projected = store.run(&id)?;
-    if projected.state.is_terminal() {
-        return Ok(projected);
-    }
+    // An unreadable projection is rebuilt from the log below.
+    let projected = match store.run(&id) {
+        Ok(run) => Some(run),
+        Err(StoreError::Projection { .. }) => None,
+        Err(e) => return Err(e.into()),
+    };
     let lease = store.acquire(
         &id,
         &actor.holder,
@@ -326,7 +328,12 @@ pub fn resume(
         false,
         &holder_is_stale,
     )?;
-    let (run, checkpoint_n) = load_verified(store, &lease, &projected)?;
+    // Checked even for a run that looks finished: its last event may be the torn one.
+    let (run, checkpoint_n) = load_verified(store, &lease, &id, projected.as_ref())?;
+    if run.state.is_terminal() {
+        store.release(&lease)?;
+        return Ok(run);
+    }
     let (_, source) =
         store
             .contract(&run.contract_hash)?
@@ -369,9 +376,10 @@ pub fn resume(
 fn load_verified(
     store: &mut Store,
     lease: &Lease,
-    projected: &Run,
+    id: &str,
+    projected: Option<&Run>,
 ) -> Result<(Run, Option<u32>), EngineError> {
-    let id = projected.id.clone();
+    let id = id.to_string();
     // The newest checkpoint whose body matches the hash its event recorded; older ones are read
     // only when it does not.
     let mut base = None;
@@ -412,18 +420,22 @@ fn load_verified(
         verify_chain(Some((anchor.seq, &anchor.hash)), tail.iter().skip(1)).err()
     };
     let log_end = tail.last().map_or(anchor_seq, |e| e.seq);
-    // A bad *last* event is a torn write; anything else is damage that keel does not repair.
-    let torn = match problem {
-        None => None,
+    let (projected_end, _) = store.log_head(&id)?;
+    // A bad *last* event is a torn write, and so is a last write the projection recorded but
+    // the log lost; both are cut back to the last whole event. Anything else is damage that
+    // keel does not repair.
+    let torn: Option<(u64, String)> = match problem {
         Some(p)
             if p.seq() == log_end
                 && p.seq() > anchor_seq
                 && matches!(
                     p,
-                    ChainProblem::Altered { .. } | ChainProblem::Undecodable { .. }
+                    ChainProblem::Altered { .. }
+                        | ChainProblem::Undecodable { .. }
+                        | ChainProblem::KindMismatch { .. }
                 ) =>
         {
-            Some(p)
+            Some((p.seq(), p.to_string()))
         }
         Some(p) => {
             return Err(EngineError::DamagedLog {
@@ -431,30 +443,37 @@ fn load_verified(
                 problem: p.to_string(),
             });
         }
+        None if projected_end > log_end => Some((
+            log_end + 1,
+            format!(
+                "the projection records events up to {projected_end}, but the log ends at {log_end}: the last write was lost"
+            ),
+        )),
+        None => None,
     };
     for stored in tail.iter().skip(1) {
-        if torn.as_ref().is_some_and(|p| stored.seq >= p.seq()) {
+        if torn.as_ref().is_some_and(|(seq, _)| stored.seq >= *seq) {
             break;
         }
         apply_stored(&mut run, stored)?;
     }
-    if let Some(p) = torn {
+    if let Some((seq, why)) = torn {
         let event = Event {
             run_id: id.clone(),
-            seq: p.seq(),
+            seq,
             at_ms: now_ms(),
             body: EventBody::TailCut {
-                seq: p.seq(),
-                reason: format!("torn last write cut back: {p}"),
+                seq,
+                reason: format!("torn last write cut back: {why}"),
             },
         };
         run.apply(&event).map_err(|source| EngineError::Apply {
             run: id.clone(),
             source,
         })?;
-        store.cut_tail(lease, p.seq(), &[event], &run, now_ms() + LEASE_TTL_MS)?;
-    } else if run != *projected {
-        // The projection disagrees with the log: the log wins.
+        store.cut_tail(lease, seq, &[event], &run, now_ms() + LEASE_TTL_MS)?;
+    } else if projected != Some(&run) {
+        // The projection disagrees with the log (or does not decode): the log wins.
         store.replace_projection(lease, &run)?;
     }
     Ok((run, checkpoint_n))
@@ -709,8 +728,14 @@ pub fn verify_log(store: &Store, run_id: &str) -> Result<LogReport, EngineError>
     }
     if let Some(r) = &run {
         artifacts.extend(r.artifacts());
-        if problems.is_empty() && *r != store.run(&id)? {
-            problems.push("the run's projection disagrees with its log".to_string());
+        match store.run(&id) {
+            Ok(projected) if problems.is_empty() && *r != projected => problems.push(
+                "the run's projection disagrees with its log; `keel resume` rebuilds it"
+                    .to_string(),
+            ),
+            Ok(_) => {}
+            Err(e @ StoreError::Projection { .. }) => problems.push(e.to_string()),
+            Err(e) => return Err(e.into()),
         }
     }
     for hash in &artifacts {
@@ -1013,10 +1038,14 @@ impl Engine<'_> {
             saved_ref = Some(refname);
         }
         fault::point("interrupted step rolled back");
-        self.observer.progress(
-            &self.run,
-            Progress::Note("an interrupted step was rolled back"),
-        );
+        let note = match &saved_ref {
+            Some(r) => format!(
+                "step {id} was interrupted: {} paths restored to where it started; the working tree as it was is kept at {r}",
+                restored.len()
+            ),
+            None => format!("step {id} was interrupted before it changed anything"),
+        };
+        self.observer.progress(&self.run, Progress::Note(&note));
         self.commit(vec![EventBody::StepRolledBack {
             step: id,
             restored,

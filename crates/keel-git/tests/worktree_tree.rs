@@ -240,3 +240,37 @@ fn a_linked_worktree_has_its_own_head_tree_and_index_and_shares_snapshot_refs() 
     );
     assert_eq!(repo.status(), "", "the main working tree is untouched");
 }
+
+#[test]
+fn an_excluded_path_that_is_also_ignored_does_not_break_the_tree() {
+    // keel's store directory is usually in .gitignore too; naming an ignored path in an exclude
+    // pathspec makes `git add` fail unless keel leaves it out.
+    let repo = Repo::with_commit(&[("README.md", "hi\n"), (".gitignore", ".keel/\n")]);
+    let git = repo.open(&[".keel"]);
+    let clean = git.worktree_tree().unwrap();
+    repo.write(".keel/keel.db", "store");
+    assert_eq!(git.worktree_tree().unwrap(), clean);
+    repo.write("new.txt", "x\n");
+    assert_ne!(git.worktree_tree().unwrap(), clean);
+}
+
+#[test]
+fn temporary_indexes_of_dead_processes_are_removed_on_open() {
+    let repo = Repo::with_commit(&[("README.md", "hi\n")]);
+    // pid 0 is never a process that could still use it.
+    let orphan = repo.path().join(".git/keel-index-0-1-0");
+    std::fs::write(&orphan, "junk").unwrap();
+    let mine = repo
+        .path()
+        .join(format!(".git/keel-index-{}-1-0", std::process::id()));
+    std::fs::write(&mine, "in use").unwrap();
+    repo.open(&[]);
+    assert!(
+        !orphan.exists(),
+        "an orphaned temporary index was left behind"
+    );
+    assert!(
+        mine.exists(),
+        "a live process's temporary index was removed"
+    );
+}

@@ -15,7 +15,7 @@ mod verify;
 use std::path::{Path, PathBuf};
 
 use keel_core::checkpoint::Checkpoint;
-use keel_core::event::{EVENT_VERSION, Event, EventBody, GENESIS_HASH, chain_hash};
+use keel_core::event::{EVENT_VERSION, Envelope, Event, EventBody, GENESIS_HASH};
 use keel_core::run::Run;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
@@ -70,6 +70,10 @@ pub enum StoreError {
         message: String,
     },
     #[error(
+        "run {run}: its stored projection does not decode ({message}); `keel resume {run}` rebuilds it from the event log"
+    )]
+    Projection { run: String, message: String },
+    #[error(
         "store {path} was written by a newer keel (schema {found}, this keel knows up to {known}); upgrade keel"
     )]
     NewerSchema {
@@ -103,14 +107,16 @@ pub struct StoredEvent {
 
 impl StoredEvent {
     pub fn computed_hash(&self) -> String {
-        chain_hash(
-            &self.prev_hash,
-            &self.run_id,
-            self.seq,
-            self.at_ms,
-            self.version,
-            &self.body,
-        )
+        Envelope {
+            prev_hash: &self.prev_hash,
+            run_id: &self.run_id,
+            seq: self.seq,
+            at_ms: self.at_ms,
+            version: self.version,
+            kind: &self.kind,
+            body: &self.body,
+        }
+        .hash()
     }
 
     pub fn decode(&self) -> Result<Event, StoreError> {
@@ -483,10 +489,9 @@ impl Store {
             .optional()
             .map_err(|e| self.sql(e))?
             .ok_or_else(|| StoreError::NoSuchRun(id.to_string()))?;
-        serde_json::from_str(&json).map_err(|e| StoreError::Decode {
+        serde_json::from_str(&json).map_err(|e| StoreError::Projection {
             run: id.to_string(),
-            seq: 0,
-            message: format!("run projection: {e}"),
+            message: e.to_string(),
         })
     }
 
@@ -633,9 +638,32 @@ impl Store {
             .map_err(|e| self.sql(e))
     }
 
-    /// Rewrites the projection of a run (after it was found to disagree with its log).
+    /// Rewrites the projection of a run from `run`, folded from the log, after it was found to
+    /// disagree with the log. The log's end becomes the projection's end.
     pub fn replace_projection(&mut self, lease: &Lease, run: &Run) -> Result<(), StoreError> {
-        self.commit(lease, &[], run, None, 0)
+        let path = self.path.clone();
+        let sql = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql)?;
+        let (last_seq, last_hash): (u64, String) = tx
+            .query_row(
+                "SELECT seq, hash FROM events WHERE run_id = ?1 ORDER BY seq DESC LIMIT 1",
+                [&lease.run_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(sql)?;
+        tx.execute(
+            "UPDATE runs SET last_seq = ?2, last_hash = ?3 WHERE id = ?1",
+            params![lease.run_id, last_seq, last_hash],
+        )
+        .map_err(sql)?;
+        write_events(&tx, lease, &[], run, None, 0).map_err(|e| e.into_store(&path))?;
+        tx.commit().map_err(sql)
     }
 }
 
@@ -698,7 +726,16 @@ fn write_events(
                 }));
             }
             let body = event.body.encode();
-            let hash = chain_hash(&last_hash, id, event.seq, event.at_ms, EVENT_VERSION, &body);
+            let hash = Envelope {
+                prev_hash: &last_hash,
+                run_id: id,
+                seq: event.seq,
+                at_ms: event.at_ms,
+                version: EVENT_VERSION,
+                kind: event.body.kind(),
+                body: &body,
+            }
+            .hash();
             insert.execute(params![
                 id,
                 event.seq,

@@ -15,6 +15,12 @@ pub enum ChainProblem {
     Unlinked { seq: u64 },
     /// The body does not decode.
     Undecodable { seq: u64, message: String },
+    /// The `kind` column names another kind than the body.
+    KindMismatch {
+        seq: u64,
+        column: String,
+        body: String,
+    },
 }
 
 impl ChainProblem {
@@ -23,7 +29,8 @@ impl ChainProblem {
             ChainProblem::Gap { found, .. } => *found,
             ChainProblem::Altered { seq }
             | ChainProblem::Unlinked { seq }
-            | ChainProblem::Undecodable { seq, .. } => *seq,
+            | ChainProblem::Undecodable { seq, .. }
+            | ChainProblem::KindMismatch { seq, .. } => *seq,
         }
     }
 }
@@ -48,6 +55,10 @@ impl std::fmt::Display for ChainProblem {
             ChainProblem::Undecodable { seq, message } => {
                 write!(f, "event {seq} does not decode: {message}")
             }
+            ChainProblem::KindMismatch { seq, column, body } => write!(
+                f,
+                "event {seq} is stored as kind `{column}` but its body is a `{body}`"
+            ),
         }
     }
 }
@@ -86,11 +97,16 @@ pub(crate) fn check_one(expected: u64, prev: &str, e: &StoredEvent) -> Result<()
     if e.prev_hash != prev {
         return Err(ChainProblem::Unlinked { seq: e.seq });
     }
-    if let Err(err) = e.decode() {
-        return Err(ChainProblem::Undecodable {
+    match e.decode() {
+        Err(err) => Err(ChainProblem::Undecodable {
             seq: e.seq,
             message: err.to_string(),
-        });
+        }),
+        Ok(event) if event.body.kind() != e.kind => Err(ChainProblem::KindMismatch {
+            seq: e.seq,
+            column: e.kind.clone(),
+            body: event.body.kind().to_string(),
+        }),
+        Ok(_) => Ok(()),
     }
-    Ok(())
 }

@@ -173,3 +173,18 @@ pub fn kinds(events: &[Value]) -> Vec<String> {
         .map(|e| e["kind"].as_str().unwrap_or("?").to_string())
         .collect()
 }
+
+/// The fault points a whole run of `contract` passes, in order (`points[i]` is point `i + 1`),
+/// taken from a run in a twin workspace.
+pub fn fault_points(contract: &str) -> Vec<String> {
+    let f = Fixture::new(contract);
+    let outside = tempfile::tempdir().unwrap();
+    let trace = outside.path().join("trace");
+    let (_, out) = f.start(&[("KEEL_FAULT_TRACE", trace.display().to_string())]);
+    assert_eq!(out.status.code(), Some(0), "{}", f.explain(&out));
+    std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .map(|l| l.split_once(' ').unwrap().1.to_string())
+        .collect()
+}

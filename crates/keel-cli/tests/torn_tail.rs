@@ -1,0 +1,674 @@
+//! Storage damage: a torn last write is cut back to the last whole event (logged as `tail_cut`)
+//! and the run goes on; damage anywhere else makes `verify-log` fail naming the event, and resume
+//! refuse (exit 5) without writing anything, however often it is asked. A write-ahead log cut in
+//! the middle of its last frame rolls back to the last whole transaction.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+
+use common::{Fixture, fault_points, kinds, state};
+use serde_json::Value;
+
+/// Three steps in the first phase (so a killed run has several events after checkpoint 0) and
+/// one in the second. Each step appends a letter to a file in the workspace.
+const CONTRACT: &str = r#"
+[task]
+goal = "Write the letters a to d into marker.txt."
+
+[[verify]]
+name = "letters"
+tier = "acceptance"
+run = "test -s marker.txt"
+
+[[phase]]
+name = "one"
+kind = "command"
+run = ["echo a >> marker.txt", "echo b >> marker.txt", "echo c >> marker.txt"]
+
+[[phase]]
+name = "two"
+kind = "command"
+run = ["echo d >> marker.txt"]
+"#;
+
+const ALL_LETTERS: &str = "a\nb\nc\nd\n";
+
+/// The fault point (1-based) just after the `step_verified` commit of the `k`th step command
+/// (1-based) the run executes: a step boundary.
+fn after_step_verified(points: &[String], k: usize) -> u64 {
+    let ended = points
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| *p == "command ended")
+        .nth(k - 1)
+        .map(|(i, _)| i)
+        .unwrap_or_else(|| panic!("fewer than {k} steps in {points:?}"));
+    let commit = points
+        .iter()
+        .enumerate()
+        .skip(ended)
+        .filter(|(_, p)| *p == "after commit")
+        .nth(1)
+        .map(|(i, _)| i)
+        .unwrap_or_else(|| panic!("no step_verified commit after step {k} in {points:?}"));
+    commit as u64 + 1
+}
+
+/// The first fault point after the `n`th (1-based) checkpoint's commit.
+fn after_checkpoint(points: &[String], n: usize) -> u64 {
+    let snapshot = points
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| *p == "snapshot written")
+        .nth(n - 1)
+        .map(|(i, _)| i)
+        .unwrap_or_else(|| panic!("fewer than {n} checkpoints in {points:?}"));
+    let commit = points
+        .iter()
+        .enumerate()
+        .skip(snapshot)
+        .find(|(_, p)| *p == "after commit")
+        .map(|(i, _)| i)
+        .unwrap();
+    commit as u64 + 1
+}
+
+/// Starts the run and has it SIGKILL itself at fault point `n`. Returns the run id.
+fn killed_at(f: &Fixture, n: u64) -> String {
+    let (id, out) = f.start(&[("KEEL_CRASH_AT", n.to_string())]);
+    assert_eq!(
+        out.status.signal(),
+        Some(9),
+        "keel should have killed itself at fault point {n}\n{}",
+        f.explain(&out)
+    );
+    id
+}
+
+/// A killed run whose log ends with the `step_verified` of step `k`.
+fn killed_after_step(f: &Fixture, k: usize) -> String {
+    let n = after_step_verified(&fault_points(CONTRACT), k);
+    let id = killed_at(f, n);
+    let (_, seq) = counts(f, &id);
+    assert_eq!(row(f, &id, seq).kind, "step_verified");
+    id
+}
+
+/// `(number of events, highest sequence number)` of a run, read from the store directly.
+fn counts(f: &Fixture, id: &str) -> (u64, u64) {
+    f.db()
+        .query_row(
+            "SELECT count(*), coalesce(max(seq), 0) FROM events WHERE run_id = ?1",
+            [id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap()
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Row {
+    seq: u64,
+    at: i64,
+    v: u32,
+    kind: String,
+    body: String,
+    prev_hash: String,
+    hash: String,
+}
+
+fn rows(f: &Fixture, id: &str) -> Vec<Row> {
+    let db = f.db();
+    let mut stmt = db
+        .prepare(
+            "SELECT seq, at, v, kind, body, prev_hash, hash FROM events WHERE run_id = ?1 \
+             ORDER BY seq",
+        )
+        .unwrap();
+    stmt.query_map([id], |r| {
+        Ok(Row {
+            seq: r.get(0)?,
+            at: r.get(1)?,
+            v: r.get(2)?,
+            kind: r.get(3)?,
+            body: r.get(4)?,
+            prev_hash: r.get(5)?,
+            hash: r.get(6)?,
+        })
+    })
+    .unwrap()
+    .map(Result::unwrap)
+    .collect()
+}
+
+fn row(f: &Fixture, id: &str, seq: u64) -> Row {
+    rows(f, id)
+        .into_iter()
+        .find(|r| r.seq == seq)
+        .unwrap_or_else(|| panic!("no event {seq}"))
+}
+
+/// Cuts an event's body in half, as a torn write would leave it.
+fn garble(f: &Fixture, id: &str, seq: u64) {
+    let changed = f
+        .db()
+        .execute(
+            "UPDATE events SET body = substr(body, 1, length(body) / 2) \
+             WHERE run_id = ?1 AND seq = ?2",
+            rusqlite::params![id, seq],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+}
+
+fn set_hash(f: &Fixture, id: &str, seq: u64, hash: &str) {
+    let changed = f
+        .db()
+        .execute(
+            "UPDATE events SET hash = ?3 WHERE run_id = ?1 AND seq = ?2",
+            rusqlite::params![id, seq, hash],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+}
+
+/// Replaces an event's body and gives it the hash that body would have: the event is
+/// consistent in itself, and only the chain can tell.
+fn rewrite_with_hash(f: &Fixture, id: &str, seq: u64, body: &str) {
+    let r = row(f, id, seq);
+    let hash = keel_core::event::Envelope {
+        prev_hash: &r.prev_hash,
+        run_id: id,
+        seq: r.seq,
+        at_ms: r.at,
+        version: r.v,
+        kind: &r.kind,
+        body,
+    }
+    .hash();
+    let changed = f
+        .db()
+        .execute(
+            "UPDATE events SET body = ?3, hash = ?4 WHERE run_id = ?1 AND seq = ?2",
+            rusqlite::params![id, seq, body, hash],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+}
+
+/// The sequence number of the newest checkpoint's `checkpoint_taken` event.
+fn newest_checkpoint_event(f: &Fixture, id: &str) -> u64 {
+    let seq: u64 = f
+        .db()
+        .query_row(
+            "SELECT seq FROM checkpoints WHERE run_id = ?1 ORDER BY n DESC LIMIT 1",
+            [id],
+            |r| r.get(0),
+        )
+        .unwrap();
+    seq + 1
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// verify-log fails (exit 5), says DAMAGED and names `needle` (an event number phrase).
+fn expect_damaged(f: &Fixture, id: &str, needle: &str) {
+    let out = f.expect(&["verify-log", id], 5);
+    let text = stdout(&out);
+    assert!(
+        text.contains("DAMAGED") && text.contains(needle),
+        "verify-log should report DAMAGED and `{needle}`\n{}",
+        f.explain(&out)
+    );
+    let out = f.expect(&["verify-log", id, "--json"], 5);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let problems = report["problems"].as_array().unwrap();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.as_str().unwrap_or("").contains(needle)),
+        "verify-log --json problems should name `{needle}`: {report}"
+    );
+}
+
+/// The run completed with every letter written once, its log verifies, and it holds exactly
+/// one `tail_cut` at `cut_seq` with nothing missing around it.
+fn expect_completed_after_cut(f: &Fixture, id: &str, cut_seq: u64) {
+    assert_eq!(state(&f.status(id)), "completed");
+    f.verify_log_ok(id);
+    assert_eq!(
+        std::fs::read_to_string(f.path("marker.txt")).unwrap(),
+        ALL_LETTERS,
+        "every step's change is in the workspace exactly once"
+    );
+    let events = f.events(id);
+    let cuts: Vec<&Value> = events.iter().filter(|e| e["kind"] == "tail_cut").collect();
+    assert_eq!(cuts.len(), 1, "one tail_cut: {:?}", kinds(&events));
+    assert_eq!(
+        cuts[0]["seq"], cut_seq,
+        "the tail_cut takes the torn event's place"
+    );
+    assert_eq!(cuts[0]["body"]["seq"], cut_seq);
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    let contiguous: Vec<u64> = (1..=seqs.len() as u64).collect();
+    assert_eq!(seqs, contiguous, "sequence numbers stay contiguous");
+    let text = stdout(&f.expect(&["log", id], 0));
+    assert!(
+        text.contains("tail_cut"),
+        "the text log shows the cut\n{text}"
+    );
+}
+
+#[test]
+fn a_garbled_last_event_is_cut_and_the_run_completes() {
+    let f = Fixture::new(CONTRACT);
+    let id = killed_after_step(&f, 2);
+    let (count, last) = counts(&f, &id);
+    garble(&f, &id, last);
+    expect_damaged(&f, &id, &format!("event {last}"));
+
+    let out = f.expect(&["resume", &id], 0);
+    assert!(stdout(&out).contains("completed"), "{}", f.explain(&out));
+    expect_completed_after_cut(&f, &id, last);
+    // The events before the torn one are untouched.
+    let after = rows(&f, &id);
+    assert!(after.len() as u64 > count);
+    assert_eq!(after[last as usize - 1].kind, "tail_cut");
+}
+
+#[test]
+fn a_last_event_with_an_altered_hash_is_cut_and_the_run_completes() {
+    let f = Fixture::new(CONTRACT);
+    let id = killed_after_step(&f, 2);
+    let (_, last) = counts(&f, &id);
+    let before = row(&f, &id, last - 1);
+    set_hash(&f, &id, last, &"f".repeat(64));
+    expect_damaged(&f, &id, &format!("event {last}"));
+
+    f.expect(&["resume", &id], 0);
+    expect_completed_after_cut(&f, &id, last);
+    assert_eq!(
+        row(&f, &id, last - 1),
+        before,
+        "the last whole event is kept as it was"
+    );
+    assert_eq!(row(&f, &id, last).prev_hash, before.hash);
+}
+
+#[test]
+fn an_undecodable_last_event_with_a_matching_hash_is_cut() {
+    let f = Fixture::new(CONTRACT);
+    let id = killed_after_step(&f, 1);
+    let (_, last) = counts(&f, &id);
+    rewrite_with_hash(&f, &id, last, "{\"kind\":\"step_ver");
+    expect_damaged(&f, &id, &format!("event {last}"));
+
+    f.expect(&["resume", &id], 0);
+    expect_completed_after_cut(&f, &id, last);
+}
+
+#[test]
+fn a_torn_checkpoint_event_falls_back_to_the_previous_checkpoint() {
+    let f = Fixture::new(CONTRACT);
+    // Killed right after checkpoint 1 (the end of phase one) was committed.
+    let id = killed_at(&f, after_checkpoint(&fault_points(CONTRACT), 2));
+    let (_, last) = counts(&f, &id);
+    assert_eq!(row(&f, &id, last).kind, "checkpoint_taken");
+    garble(&f, &id, last);
+
+    f.expect(&["resume", &id], 0);
+    expect_completed_after_cut(&f, &id, last);
+    let out = f.expect(&["checkpoints", &id, "--json"], 0);
+    let checkpoints: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ns: Vec<u64> = checkpoints
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["n"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ns, [0, 1, 2], "checkpoint 1 is taken again after the cut");
+}
+
+/// What resume must do with damage that is not the last event: refuse with exit 5, name the
+/// event, write no event, and go on refusing.
+fn expect_resume_refused(f: &Fixture, id: &str, event: u64) {
+    let before = rows(f, id);
+    let state_before = state(&f.status(id)).to_string();
+    for attempt in 1..=2 {
+        let out = f.expect(&["resume", id], 5);
+        let err = stderr(&out);
+        assert!(
+            err.contains("damaged") && err.contains(&format!("event {event}")),
+            "resume attempt {attempt} should say the log is damaged at event {event}\n{}",
+            f.explain(&out)
+        );
+        assert_eq!(
+            rows(f, id),
+            before,
+            "resume attempt {attempt} must not change the log (no silent repair)"
+        );
+        assert_eq!(state(&f.status(id)), state_before);
+        expect_damaged(f, id, &format!("event {event}"));
+    }
+    assert!(!f.events(id).iter().any(|e| e["kind"] == "tail_cut"));
+}
+
+#[test]
+fn a_damaged_event_in_the_middle_after_the_checkpoint_stops_resume() {
+    let f = Fixture::new(CONTRACT);
+    let id = killed_after_step(&f, 3);
+    let (_, last) = counts(&f, &id);
+    let damaged = last - 2;
+    assert!(
+        damaged > newest_checkpoint_event(&f, &id),
+        "the damage lies after the newest checkpoint"
+    );
+    garble(&f, &id, damaged);
+    expect_resume_refused(&f, &id, damaged);
+}
+
+#[test]
+fn an_altered_hash_in_the_middle_stops_resume() {
+    let f = Fixture::new(CONTRACT);
+    let id = killed_after_step(&f, 3);
+    let (_, last) = counts(&f, &id);
+    let damaged = last - 3;
+    assert!(damaged > newest_checkpoint_event(&f, &id));
+    set_hash(&f, &id, damaged, &"0".repeat(64));
+    expect_resume_refused(&f, &id, damaged);
+}
+
+#[test]
+fn a_rewritten_event_with_a_recomputed_hash_breaks_the_chain() {
+    let f = Fixture::new(CONTRACT);
+    let id = killed_after_step(&f, 3);
+    let (_, last) = counts(&f, &id);
+    // The second to last event becomes a different, well-formed event with its own valid hash;
+    // the last event no longer links to it.
+    let damaged = last - 1;
+    assert!(damaged > newest_checkpoint_event(&f, &id));
+    let r = row(&f, &id, damaged);
+    assert_eq!(r.kind, "step_finished");
+    let forged = r.body.replacen("\"exit 0\"", "\"exit 7\"", 1);
+    assert_ne!(forged, r.body);
+    rewrite_with_hash(&f, &id, damaged, &forged);
+    expect_resume_refused(&f, &id, last);
+}
+
+#[test]
+fn a_damaged_checkpoint_event_after_the_checkpoint_stops_resume() {
+    let f = Fixture::new(CONTRACT);
+    let id = killed_after_step(&f, 2);
+    let damaged = newest_checkpoint_event(&f, &id);
+    assert_eq!(row(&f, &id, damaged).kind, "checkpoint_taken");
+    let (_, last) = counts(&f, &id);
+    assert!(damaged < last);
+    garble(&f, &id, damaged);
+    expect_resume_refused(&f, &id, damaged);
+}
+
+#[test]
+fn a_damaged_event_before_a_checkpoint_fails_verify_log() {
+    let f = Fixture::new(CONTRACT);
+    let (id, out) = f.start(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", f.explain(&out));
+    f.verify_log_ok(&id);
+    let checkpoint_events: Vec<u64> = rows(&f, &id)
+        .iter()
+        .filter(|r| r.kind == "checkpoint_taken")
+        .map(|r| r.seq)
+        .collect();
+    assert!(checkpoint_events.len() >= 3);
+    // An event of phase one, before checkpoint 1 (and 2).
+    let damaged = checkpoint_events[0] + 3;
+    assert!(damaged < checkpoint_events[1]);
+    garble(&f, &id, damaged);
+    expect_damaged(&f, &id, &format!("event {damaged}"));
+
+    // The same with the chain broken at the very first event.
+    let f = Fixture::new(CONTRACT);
+    let (id, _) = f.start(&[]);
+    set_hash(&f, &id, 1, &"e".repeat(64));
+    expect_damaged(&f, &id, "event 1");
+}
+
+#[test]
+fn a_deleted_event_in_the_middle_is_reported_as_a_gap() {
+    let f = Fixture::new(CONTRACT);
+    let id = killed_after_step(&f, 3);
+    let (count, last) = counts(&f, &id);
+    let missing = last - 2;
+    assert!(missing > newest_checkpoint_event(&f, &id));
+    let deleted = f
+        .db()
+        .execute(
+            "DELETE FROM events WHERE run_id = ?1 AND seq = ?2",
+            rusqlite::params![id, missing],
+        )
+        .unwrap();
+    assert_eq!(deleted, 1);
+    assert_eq!(counts(&f, &id), (count - 1, last));
+    let gap = format!("event {} follows where {missing} was expected", missing + 1);
+    expect_damaged(&f, &id, &gap);
+    expect_resume_refused(&f, &id, missing + 1);
+
+    // A gap before the newest checkpoint of a completed run is found by verify-log too.
+    let f = Fixture::new(CONTRACT);
+    let (id, _) = f.start(&[]);
+    f.db()
+        .execute(
+            "DELETE FROM events WHERE run_id = ?1 AND seq = 5",
+            rusqlite::params![id],
+        )
+        .unwrap();
+    expect_damaged(&f, &id, "event 6 follows where 5 was expected");
+}
+
+fn events_in_copy(db: &Path, wal: &Path, id: &str) -> u64 {
+    let scratch = tempfile::tempdir().unwrap();
+    std::fs::copy(db, scratch.path().join("keel.db")).unwrap();
+    std::fs::copy(wal, scratch.path().join("keel.db-wal")).unwrap();
+    let conn = rusqlite::Connection::open(scratch.path().join("keel.db")).unwrap();
+    conn.query_row("SELECT count(*) FROM events WHERE run_id = ?1", [id], |r| {
+        r.get(0)
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_wal_cut_in_its_last_frame_rolls_back_to_the_last_whole_transaction() {
+    let f = Fixture::new(CONTRACT);
+    let id = killed_at(&f, after_step_verified(&fault_points(CONTRACT), 2));
+    // Nothing has opened the store since the kill, so the write-ahead log still holds the
+    // run's transactions and its last frame is the commit of the last one.
+    let db = f.path(".keel/keel.db");
+    let wal = f.path(".keel/keel.db-wal");
+    let bytes = std::fs::read(&wal).unwrap();
+    assert!(bytes.len() > 32, "the WAL holds frames");
+    let page = u64::from(u32::from_be_bytes(bytes[8..12].try_into().unwrap()));
+    let frame = 24 + page;
+    let len = bytes.len() as u64;
+    assert_eq!((len - 32) % frame, 0, "the WAL is made of whole frames");
+    assert!((len - 32) / frame >= 2);
+    let whole = events_in_copy(&db, &wal, &id);
+
+    let cut = len - page / 2;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&wal)
+        .unwrap()
+        .set_len(cut)
+        .unwrap();
+
+    f.verify_log_ok(&id);
+    let (after_cut, last) = counts(&f, &id);
+    assert!(
+        after_cut < whole,
+        "the torn last transaction is gone ({after_cut} events of {whole} remain)"
+    );
+    assert_eq!(after_cut, last);
+
+    f.expect(&["resume", &id], 0);
+    assert_eq!(state(&f.status(&id)), "completed");
+    f.verify_log_ok(&id);
+    assert_eq!(
+        std::fs::read_to_string(f.path("marker.txt")).unwrap(),
+        ALL_LETTERS
+    );
+}
+
+#[test]
+fn a_torn_completion_event_is_cut_on_resume() {
+    // The last write of a finished run is the one that says `completed`. If it is torn, the log
+    // no longer says the run completed: resume must notice, cut it and finish the run again
+    // (status may not go on showing `completed` on the strength of a torn event).
+    let f = Fixture::new(CONTRACT);
+    let (id, out) = f.start(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", f.explain(&out));
+    let (_, last) = counts(&f, &id);
+    assert_eq!(row(&f, &id, last).kind, "state_changed");
+    garble(&f, &id, last);
+    expect_damaged(&f, &id, &format!("event {last}"));
+
+    let out = f.expect(&["resume", &id], 0);
+    assert!(stdout(&out).contains("completed"), "{}", f.explain(&out));
+    expect_completed_after_cut(&f, &id, last);
+}
+
+#[test]
+fn a_missing_last_event_is_cut_back_to_the_last_whole_event() {
+    // The last event is gone altogether (the projection still counts it): the log ends at the
+    // last whole event, and the run goes on from there.
+    let f = Fixture::new(CONTRACT);
+    let id = killed_after_step(&f, 2);
+    let (count, last) = counts(&f, &id);
+    f.db()
+        .execute(
+            "DELETE FROM events WHERE run_id = ?1 AND seq = ?2",
+            rusqlite::params![id, last],
+        )
+        .unwrap();
+    assert_eq!(counts(&f, &id), (count - 1, last - 1));
+
+    let out = f.expect(&["resume", &id], 0);
+    assert!(stdout(&out).contains("completed"), "{}", f.explain(&out));
+    assert_eq!(state(&f.status(&id)), "completed");
+    f.verify_log_ok(&id);
+    assert_eq!(
+        std::fs::read_to_string(f.path("marker.txt")).unwrap(),
+        ALL_LETTERS
+    );
+    let seqs: Vec<u64> = f
+        .events(&id)
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_damaged_newest_checkpoint_falls_back_to_an_older_one() {
+    let f = Fixture::new(CONTRACT);
+    // Killed after step 4 (phase two) was verified: checkpoints 0 and 1 exist.
+    let id = killed_after_step(&f, 4);
+    let newest: u32 = f
+        .db()
+        .query_row(
+            "SELECT max(n) FROM checkpoints WHERE run_id = ?1",
+            [&id],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(newest, 1);
+    f.db()
+        .execute(
+            "UPDATE checkpoints SET body = body || ' ' WHERE run_id = ?1 AND n = 1",
+            [&id],
+        )
+        .unwrap();
+    expect_damaged(&f, &id, "checkpoint 1");
+
+    f.expect(&["resume", &id], 0);
+    assert_eq!(state(&f.status(&id)), "completed");
+    let events = f.events(&id);
+    let resumed: Vec<&Value> = events.iter().filter(|e| e["kind"] == "resumed").collect();
+    assert_eq!(
+        resumed.last().unwrap()["body"]["checkpoint"],
+        0,
+        "resumed from the newest checkpoint that is intact"
+    );
+    assert_eq!(
+        std::fs::read_to_string(f.path("marker.txt")).unwrap(),
+        ALL_LETTERS
+    );
+    // The damaged checkpoint is not silently repaired: verify-log goes on reporting it.
+    expect_damaged(&f, &id, "checkpoint 1");
+}
+
+#[test]
+fn an_altered_kind_column_fails_verify_log() {
+    // `kind` is stored beside the body (and shown by `keel log`); it must agree with the body
+    // the hash covers, or the log shows an event that never happened.
+    let f = Fixture::new(CONTRACT);
+    let (id, out) = f.start(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", f.explain(&out));
+    assert_eq!(row(&f, &id, 5).kind, "phase_started");
+    f.db()
+        .execute(
+            "UPDATE events SET kind = 'migrated' WHERE run_id = ?1 AND seq = 5",
+            [&id],
+        )
+        .unwrap();
+    expect_damaged(&f, &id, "event 5");
+}
+
+#[test]
+fn a_damaged_run_projection_is_rebuilt_from_the_log() {
+    // The runs row is a projection of the log: when it is unreadable, verify-log reports it (as
+    // damage, exit 5, not as an internal error) and resume rebuilds it from the checkpoint and
+    // the events after it.
+    let f = Fixture::new(CONTRACT);
+    let id = killed_after_step(&f, 2);
+    f.db()
+        .execute("UPDATE runs SET projection = '{' WHERE id = ?1", [&id])
+        .unwrap();
+    let out = f.expect(&["verify-log", &id], 5);
+    assert!(stdout(&out).contains("DAMAGED"), "{}", f.explain(&out));
+
+    let out = f.expect(&["resume", &id], 0);
+    assert!(stdout(&out).contains("completed"), "{}", f.explain(&out));
+    assert_eq!(state(&f.status(&id)), "completed");
+    f.verify_log_ok(&id);
+    assert_eq!(
+        std::fs::read_to_string(f.path("marker.txt")).unwrap(),
+        ALL_LETTERS
+    );
+}
+
+#[test]
+fn a_changed_artifact_fails_verify_log() {
+    let f = Fixture::new(CONTRACT);
+    let (id, out) = f.start(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", f.explain(&out));
+    let evidence = &f.status(&id)["evidence"][0];
+    let hash = evidence["output"].as_str().unwrap().to_string();
+    let path = f.path(&format!(".keel/artifacts/{}/{hash}", &hash[..2]));
+    assert!(path.exists(), "artifact at {}", path.display());
+    let mut perms = std::fs::metadata(&path).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perms.set_readonly(false);
+    std::fs::set_permissions(&path, perms).unwrap();
+    let mut text = std::fs::read(&path).unwrap();
+    text.extend_from_slice(b"appended later\n");
+    std::fs::write(&path, text).unwrap();
+    expect_damaged(&f, &id, &format!("artifact {hash}"));
+}
