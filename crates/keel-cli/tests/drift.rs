@@ -668,3 +668,35 @@ fn drift_after_an_interrupted_step_is_still_reported() {
     );
     f.verify_log_ok(&id);
 }
+
+#[test]
+fn drift_while_blocked_on_a_budget_is_what_the_run_reports_after_the_raise() {
+    // Blocked before its third step by `steps = 2`; a person then edits a tracked file. Raising
+    // the budget lifts the budget block, and the drift is what blocks the run now, by name.
+    let text = format!("{}\n[budget]\nsteps = 2\n", contract(&[]));
+    let f = Fixture::new(&text);
+    let (id, out) = f.start(&[]);
+    assert_eq!(out.status.code(), Some(4), "{}", f.explain(&out));
+    write(&f.path("README.md"), "edited while the run was blocked\n");
+    let out = f.expect(
+        &[
+            "unblock", &id, "--budget", "steps=+1", "--reason", "one more",
+        ],
+        4,
+    );
+    assert!(
+        stdout(&out).contains("the working tree (M README.md) changed"),
+        "{}",
+        f.explain(&out)
+    );
+    let status = f.status(&id);
+    assert_eq!(status["block"]["cause"], "drift", "{status:#}");
+    f.expect(
+        &["resume", &id, "--migrate", "--reason", "the edit is wanted"],
+        0,
+    );
+    assert_eq!(
+        std::fs::read_to_string(f.path("marker.txt")).unwrap(),
+        ALL_LETTERS
+    );
+}

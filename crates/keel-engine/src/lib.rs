@@ -359,11 +359,14 @@ pub fn resume(
         lease: engine.lease.token,
         checkpoint: checkpoint_n,
     }])?;
-    if !engine.check_drift(options, actor)? {
+    // A block whose cause is gone is lifted first, so that drift found now is what the run
+    // reports; a drift block itself is settled by the drift check.
+    let drift_block = matches!(engine.run.block, Some(Block::Drift { .. }));
+    if engine.run.state == RunState::Blocked && !drift_block && !engine.lift_block()? {
         engine.release();
         return Ok(engine.run);
     }
-    if engine.run.state == RunState::Blocked && !engine.lift_block()? {
+    if !engine.check_drift(options, actor)? {
         engine.release();
         return Ok(engine.run);
     }
@@ -1338,7 +1341,8 @@ impl Engine<'_> {
                 )?;
                 Ok(true)
             }
-            Some(Block::Drift { .. }) | None => Ok(self.run.state != RunState::Blocked),
+            // Settled by `check_drift`.
+            Some(Block::Drift { .. }) | None => Ok(true),
         }
     }
 }
