@@ -115,24 +115,40 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match dispatch(cli) {
         Ok(code) => ExitCode::from(code),
+        // The reader of our output went away (`keel log RUN | head`): nothing is wrong.
+        Err(err) if is_broken_pipe(&err) => ExitCode::from(exit::COMPLETED),
         Err(err) => {
             let code = error_code(&err);
             let mut stderr = std::io::stderr().lock();
-            let _ = writeln!(stderr, "error: {err}");
+            let message = err.to_string();
+            let _ = writeln!(stderr, "error: {message}");
             for cause in err.chain().skip(1) {
-                let _ = writeln!(stderr, "  caused by: {cause}");
+                let cause = cause.to_string();
+                // Errors that already quote their cause (`path: reason`) need no second line.
+                if !message.contains(&cause) {
+                    let _ = writeln!(stderr, "  caused by: {cause}");
+                }
             }
             ExitCode::from(code)
         }
     }
 }
 
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 fn error_code(err: &anyhow::Error) -> u8 {
     if let Some(e) = err.downcast_ref::<EngineError>() {
         return match e {
-            EngineError::Contract(_) | EngineError::Usage(_) | EngineError::Refused { .. } => {
-                exit::USAGE
-            }
+            EngineError::Contract(_)
+            | EngineError::ContractFile { .. }
+            | EngineError::Usage(_)
+            | EngineError::Refused { .. } => exit::USAGE,
             EngineError::DamagedLog { .. } => exit::FAILED,
             EngineError::Store(s) => store_code(s),
             EngineError::Git(keel_git::GitError::NotARepository { .. }) => exit::USAGE,
@@ -174,6 +190,8 @@ fn state_code(state: RunState) -> u8 {
 
 fn dispatch(cli: Cli) -> Result<u8> {
     let actor = Actor::current();
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
     match cli.command {
         Command::Init { path, force } => init(&path, force),
         Command::ContractSchema => {
@@ -198,6 +216,8 @@ fn dispatch(cli: Cli) -> Result<u8> {
                     .join(".keel")
                     .join("keel.db"),
             };
+            // A workspace that is not a git repository is refused before the store exists.
+            keel_engine::workspace_of(&contract, &parsed)?;
             let mut store = Store::open(&store_path)?;
             let id = keel_engine::new_run_id();
             let mut observer = Terminal::new();
@@ -207,7 +227,7 @@ fn dispatch(cli: Cli) -> Result<u8> {
                 let _ = writeln!(out, "run {id}");
                 let _ = out.flush();
             };
-            let run = keel_engine::start(
+            let result = keel_engine::start(
                 &mut store,
                 &contract,
                 parsed,
@@ -215,8 +235,8 @@ fn dispatch(cli: Cli) -> Result<u8> {
                 &actor,
                 &mut observer,
                 &mut announce,
-            )?;
-            finish(&run, &observer)
+            );
+            finish(&store, result, &observer)
         }
         Command::Resume {
             run,
@@ -228,8 +248,8 @@ fn dispatch(cli: Cli) -> Result<u8> {
                 migrate: if migrate { reason } else { None },
             };
             let mut observer = Terminal::new();
-            let run = keel_engine::resume(&mut store, &run, &options, &actor, &mut observer)?;
-            finish(&run, &observer)
+            let result = keel_engine::resume(&mut store, &run, &options, &actor, &mut observer);
+            finish(&store, result, &observer)
         }
         Command::Unblock {
             run,
@@ -242,14 +262,14 @@ fn dispatch(cli: Cli) -> Result<u8> {
                 .collect::<Result<Vec<_>, _>>()?;
             let mut store = open_store(cli.store)?;
             let mut observer = Terminal::new();
-            let run =
-                keel_engine::unblock(&mut store, &run, &raises, &reason, &actor, &mut observer)?;
-            finish(&run, &observer)
+            let result =
+                keel_engine::unblock(&mut store, &run, &raises, &reason, &actor, &mut observer);
+            finish(&store, result, &observer)
         }
         Command::Cancel { run, reason } => {
             let mut store = open_store(cli.store)?;
             let run = keel_engine::cancel(&mut store, &run, &reason, &actor)?;
-            println!("run {} cancelled: {}", run.id, run.reason);
+            let _ = writeln!(out, "run {} cancelled: {}", run.id, run.reason);
             Ok(state_code(run.state))
         }
         Command::Status { run, json } => {
@@ -260,9 +280,9 @@ fn dispatch(cli: Cli) -> Result<u8> {
                     let run = store.run(&id)?;
                     let checkpoints = store.checkpoints(&id)?;
                     if json {
-                        print::json(&print::run_json(&run, checkpoints.len()))?;
+                        print::json(&mut out, &print::run_json(&run, checkpoints.len()))?;
                     } else {
-                        print::run_status(&run, &checkpoints);
+                        print::run_status(&mut out, &run, &checkpoints)?;
                     }
                     Ok(exit::COMPLETED)
                 }
@@ -273,9 +293,9 @@ fn dispatch(cli: Cli) -> Result<u8> {
                             .iter()
                             .map(|r| print::run_json(r, r.checkpoints as usize))
                             .collect();
-                        print::json(&serde_json::Value::Array(list))?;
+                        print::json(&mut out, &serde_json::Value::Array(list))?;
                     } else {
-                        print::run_list(&runs);
+                        print::run_list(&mut out, &runs)?;
                     }
                     Ok(exit::COMPLETED)
                 }
@@ -287,9 +307,9 @@ fn dispatch(cli: Cli) -> Result<u8> {
             let events = store.events_from(&id, 1)?;
             if json {
                 let list = events.iter().map(print::event_json).collect::<Vec<_>>();
-                print::json(&serde_json::Value::Array(list))?;
+                print::json(&mut out, &serde_json::Value::Array(list))?;
             } else {
-                print::timeline(&events);
+                print::timeline(&mut out, &events)?;
             }
             Ok(exit::COMPLETED)
         }
@@ -302,9 +322,9 @@ fn dispatch(cli: Cli) -> Result<u8> {
                     .iter()
                     .map(|r| print::checkpoint_json(&id, r))
                     .collect::<Vec<_>>();
-                print::json(&serde_json::Value::Array(list))?;
+                print::json(&mut out, &serde_json::Value::Array(list))?;
             } else {
-                print::checkpoints(&id, &rows);
+                print::checkpoints(&mut out, &id, &rows)?;
             }
             Ok(exit::COMPLETED)
         }
@@ -312,16 +332,17 @@ fn dispatch(cli: Cli) -> Result<u8> {
             let store = open_store(cli.store)?;
             let report = keel_engine::verify_log(&store, &run)?;
             if json {
-                print::json(&serde_json::to_value(&report)?)?;
+                print::json(&mut out, &serde_json::to_value(&report)?)?;
             } else if report.ok() {
-                println!(
+                writeln!(
+                    out,
                     "ok: run {}: {} events in an unbroken chain, {} checkpoints, {} artifacts verified",
                     report.run, report.events, report.checkpoints, report.artifacts_checked
-                );
+                )?;
             } else {
-                println!("DAMAGED: run {}", report.run);
+                writeln!(out, "DAMAGED: run {}", report.run)?;
                 for p in &report.problems {
-                    println!("  {p}");
+                    writeln!(out, "  {p}")?;
                 }
             }
             Ok(if report.ok() {
@@ -343,7 +364,8 @@ fn init(path: &Path, force: bool) -> Result<u8> {
     }
     std::fs::write(path, keel_core::contract::TEMPLATE)
         .with_context(|| format!("writing {}", path.display()))?;
-    println!(
+    let _ = writeln!(
+        std::io::stdout(),
         "wrote {}: edit its goal, phases and verifiers, then `keel run {}`",
         path.display(),
         path.display()
@@ -373,11 +395,28 @@ fn open_store(explicit: Option<PathBuf>) -> Result<Store> {
     .into())
 }
 
-fn finish(run: &Run, observer: &Terminal) -> Result<u8> {
+fn finish(store: &Store, result: Result<Run, EngineError>, observer: &Terminal) -> Result<u8> {
+    let run = match result {
+        Ok(run) => run,
+        // Another process took the run (for example `keel cancel`): say what became of it.
+        Err(EngineError::Store(StoreError::LeaseLost { run, .. })) => {
+            let now = store.run(&run)?;
+            let _ = writeln!(
+                std::io::stdout(),
+                "run {run} was taken over by another process; it is {}: {}",
+                now.state,
+                now.reason
+            );
+            return Ok(state_code(now.state));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let run = &run;
     let elapsed = observer.started.elapsed();
     let steps = run.used(keel_core::budget::BudgetName::Steps);
+    // The run's outcome is the exit code; a closed stdout does not change it.
     let mut out = std::io::stdout().lock();
-    match run.state {
+    let _ = match run.state {
         RunState::Completed => writeln!(
             out,
             "completed: {} steps, {} evidence records, {} checkpoints ({:.1}s in this process)",
@@ -385,9 +424,9 @@ fn finish(run: &Run, observer: &Terminal) -> Result<u8> {
             run.evidence_count,
             run.checkpoints,
             elapsed.as_secs_f64()
-        )?,
-        state => writeln!(out, "{state}: {}", run.reason)?,
-    }
+        ),
+        state => writeln!(out, "{state}: {}", run.reason),
+    };
     Ok(state_code(run.state))
 }
 

@@ -1,13 +1,15 @@
 //! What `keel` prints: short lines for people, stable JSON for programs.
 
+use std::io::{self, Write};
+
 use keel_core::budget::BudgetName;
 use keel_core::event::EventBody;
 use keel_core::run::Run;
 use keel_store::{CheckpointRow, StoredEvent};
 use serde_json::{Value, json};
 
-pub fn json(value: &Value) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+pub fn json(out: &mut dyn Write, value: &Value) -> anyhow::Result<()> {
+    writeln!(out, "{}", serde_json::to_string_pretty(value)?)?;
     Ok(())
 }
 
@@ -83,57 +85,62 @@ pub fn run_json(run: &Run, checkpoints: usize) -> Value {
     })
 }
 
-pub fn run_list(runs: &[Run]) {
+pub fn run_list(out: &mut dyn Write, runs: &[Run]) -> io::Result<()> {
     if runs.is_empty() {
-        println!("no runs yet: start one with `keel run CONTRACT`");
-        return;
+        writeln!(out, "no runs yet: start one with `keel run CONTRACT`")?;
+        return Ok(());
     }
-    println!(
+    writeln!(
+        out,
         "{:<32}  {:<17}  {:<16}  {:<20}  reason",
         "id", "state", "phase", "updated"
-    );
+    )?;
     for run in runs {
-        println!(
+        writeln!(
+            out,
             "{:<32}  {:<17}  {:<16}  {:<20}  {}",
             run.id,
             run.state.as_str(),
             shorten(&phase_label(run), 16),
             time(run.updated_at_ms),
             shorten(&run.reason, 60)
-        );
+        )?;
     }
+    Ok(())
 }
 
-pub fn run_status(run: &Run, checkpoints: &[CheckpointRow]) {
-    println!("run        {}", run.id);
-    println!("state      {}", run.state);
-    println!("reason     {}", run.reason);
-    println!(
+pub fn run_status(out: &mut dyn Write, run: &Run, checkpoints: &[CheckpointRow]) -> io::Result<()> {
+    writeln!(out, "run        {}", run.id)?;
+    writeln!(out, "state      {}", run.state)?;
+    writeln!(out, "reason     {}", run.reason)?;
+    writeln!(
+        out,
         "contract   {} ({})",
         run.contract_file,
         &run.contract_hash[..12.min(run.contract_hash.len())]
-    );
-    println!("workspace  {}", run.workspace);
-    println!("phase      {}", phase_label(run));
+    )?;
+    writeln!(out, "workspace  {}", run.workspace)?;
+    writeln!(out, "phase      {}", phase_label(run))?;
     for (i, phase) in run.phases.iter().enumerate() {
         let mark = if phase.verified { "verified" } else { "" };
-        println!("  {} {} {mark}", i + 1, phase.name);
+        writeln!(out, "  {} {} {mark}", i + 1, phase.name)?;
         for (j, s) in phase.steps.iter().enumerate() {
             let attempts = if s.attempts > 1 {
                 format!(" ({} attempts)", s.attempts)
             } else {
                 String::new()
             };
-            println!(
+            writeln!(
+                out,
                 "    {}.{} {:<11} {}{attempts}",
                 i + 1,
                 j + 1,
                 s.state.as_str(),
                 shorten(&s.command, 60)
-            );
+            )?;
         }
     }
-    println!("budgets    used / limit");
+    writeln!(out, "budgets    used / limit")?;
     for b in BudgetName::ALL {
         let limit = run.limits.get(b);
         let used = run.used(b);
@@ -146,35 +153,39 @@ pub fn run_status(run: &Run, checkpoints: &[CheckpointRow]) {
         } else {
             "  (not enforced yet)"
         };
-        println!(
+        writeln!(
+            out,
             "  {:<18} {} / {limit}{note}",
             b.as_str(),
             b.format_amount(used)
-        );
+        )?;
     }
     if !run.evidence.is_empty() {
-        println!("evidence");
+        writeln!(out, "evidence")?;
         for e in run.evidence.values() {
-            println!(
+            writeln!(
+                out,
                 "  #{:<3} {:<12} {:<10} {} {}",
                 e.n,
                 e.verifier,
                 e.tier.to_string(),
                 if e.passed { "passed" } else { "FAILED" },
                 e.status
-            );
+            )?;
         }
     }
     match checkpoints.last() {
-        Some(c) => println!(
+        Some(c) => writeln!(
+            out,
             "checkpoints {} (newest: {} at event {}, {})",
             checkpoints.len(),
             c.snapshot_ref,
             c.seq,
             time(c.at_ms)
-        ),
-        None => println!("checkpoints none"),
+        )?,
+        None => writeln!(out, "checkpoints none")?,
     }
+    Ok(())
 }
 
 pub fn event_json(e: &StoredEvent) -> Value {
@@ -190,7 +201,7 @@ pub fn event_json(e: &StoredEvent) -> Value {
     })
 }
 
-pub fn timeline(events: &[StoredEvent]) {
+pub fn timeline(out: &mut dyn Write, events: &[StoredEvent]) -> io::Result<()> {
     let start = events.first().map(|e| e.at_ms).unwrap_or(0);
     for e in events {
         let offset = (e.at_ms - start).max(0) as f64 / 1000.0;
@@ -198,8 +209,13 @@ pub fn timeline(events: &[StoredEvent]) {
             Ok(ev) => summarise(&ev.body),
             Err(err) => format!("(undecodable: {err})"),
         };
-        println!("{:>5} {:>8.1}s  {:<18} {}", e.seq, offset, e.kind, summary);
+        writeln!(
+            out,
+            "{:>5} {:>8.1}s  {:<18} {}",
+            e.seq, offset, e.kind, summary
+        )?;
     }
+    Ok(())
 }
 
 fn summarise(body: &EventBody) -> String {
@@ -312,23 +328,26 @@ pub fn checkpoint_json(run: &str, row: &CheckpointRow) -> Value {
     })
 }
 
-pub fn checkpoints(run: &str, rows: &[CheckpointRow]) {
+pub fn checkpoints(out: &mut dyn Write, run: &str, rows: &[CheckpointRow]) -> io::Result<()> {
     if rows.is_empty() {
-        println!("run {run} has no checkpoints yet");
-        return;
+        writeln!(out, "run {run} has no checkpoints yet")?;
+        return Ok(());
     }
-    println!(
+    writeln!(
+        out,
         "{:>3}  {:>6}  {:<20}  {:<12}  snapshot",
         "n", "event", "at", "commit"
-    );
+    )?;
     for row in rows {
-        println!(
+        writeln!(
+            out,
             "{:>3}  {:>6}  {:<20}  {:<12}  {}",
             row.n,
             row.seq,
             time(row.at_ms),
             &row.commit[..12.min(row.commit.len())],
             row.snapshot_ref
-        );
+        )?;
     }
+    Ok(())
 }

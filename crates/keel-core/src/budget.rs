@@ -141,6 +141,8 @@ fn format_millis(ms: u64) -> String {
     let secs = ms / 1000;
     let (h, m, s) = (secs / 3600, (secs / 60) % 60, secs % 60);
     match (h, m, s) {
+        // Under a minute the milliseconds show, so an overrun is never rounded away.
+        (0, 0, s) if !ms.is_multiple_of(1000) => format!("{s}.{:03}s", ms % 1000),
         (0, 0, s) => format!("{s}s"),
         (0, m, 0) => format!("{m}m"),
         (0, m, s) => format!("{m}m {s}s"),
@@ -255,6 +257,8 @@ mod tests {
     #[test]
     fn amounts_print_for_people() {
         assert_eq!(BudgetName::WallTime.format_amount(90_000), "1m 30s");
+        assert_eq!(BudgetName::WallTime.format_amount(1_034), "1.034s");
+        assert_eq!(BudgetName::WallTime.format_amount(1_000), "1s");
         assert_eq!(BudgetName::WallTime.format_amount(3_600_000), "1h");
         assert_eq!(BudgetName::CostUsd.format_amount(2_500_000), "$2.50");
         assert_eq!(BudgetName::Steps.format_amount(7), "7");

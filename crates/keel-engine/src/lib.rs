@@ -21,7 +21,7 @@ use keel_core::checkpoint::Checkpoint;
 use keel_core::contract::{Contract, ContractError, PhaseKind, Tier, Verifier};
 use keel_core::errorfp::error_fingerprint;
 use keel_core::event::{Block, Event, EventBody, Evidence, PhaseOutline, StepId};
-use keel_core::fingerprint::FingerprintChange;
+use keel_core::fingerprint::{Fingerprint, FingerprintChange};
 use keel_core::run::{ApplyError, Next, Run};
 use keel_core::state::RunState;
 use keel_git::{Git, GitError};
@@ -46,6 +46,12 @@ pub enum EngineError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Git(#[from] GitError),
+    #[error("cannot read the contract {path}: {source}")]
+    ContractFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -182,7 +188,10 @@ pub fn new_run_id() -> String {
 
 /// Reads and validates a contract file. Errors name the file, line and column.
 pub fn load_contract(path: &Path) -> Result<Contract, EngineError> {
-    let source = std::fs::read_to_string(path).map_err(|e| EngineError::io(path, e))?;
+    let source = std::fs::read_to_string(path).map_err(|source| EngineError::ContractFile {
+        path: path.to_path_buf(),
+        source,
+    })?;
     Ok(Contract::parse(&path.display().to_string(), &source)?)
 }
 
@@ -210,16 +219,7 @@ pub fn start(
     observer: &mut dyn Observer,
     on_created: &mut dyn FnMut(&str),
 ) -> Result<Run, EngineError> {
-    let contract_dir = contract_path
-        .canonicalize()
-        .map_err(|e| EngineError::io(contract_path, e))?
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."));
-    let workspace_path = contract_dir.join(&contract.workspace.path);
-    let workspace = workspace_path
-        .canonicalize()
-        .map_err(|e| EngineError::io(&workspace_path, e))?;
+    let workspace = workspace_of(contract_path, &contract)?;
     let mut env = open_environment(store, &workspace)?;
     let base = env.fingerprint(&contract)?;
     let mut limits = contract.budget.clone();
@@ -281,6 +281,23 @@ pub fn start(
         checkpoint: None,
     }])?;
     engine.drive()
+}
+
+/// The workspace a contract names (relative to the contract's directory), checked to be inside
+/// a git repository. Call it before creating anything, so a bad workspace leaves no trace.
+pub fn workspace_of(contract_path: &Path, contract: &Contract) -> Result<PathBuf, EngineError> {
+    let contract_dir = contract_path
+        .canonicalize()
+        .map_err(|e| EngineError::io(contract_path, e))?
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let workspace_path = contract_dir.join(&contract.workspace.path);
+    let workspace = workspace_path
+        .canonicalize()
+        .map_err(|e| EngineError::io(&workspace_path, e))?;
+    Git::open(&workspace, &[])?;
+    Ok(workspace)
 }
 
 fn open_environment(store: &Store, workspace: &Path) -> Result<Environment, EngineError> {
@@ -965,7 +982,7 @@ impl Engine<'_> {
             let verifiers: Vec<Verifier> =
                 self.contract.verifiers_of(Tier::Step).cloned().collect();
             for v in verifiers {
-                let evidence = self.run_verifier(&v, Some(id), None)?;
+                let evidence = self.run_verifier(&v, Some(id), None, &post)?;
                 if !evidence.passed {
                     let reason = format!(
                         "step verifier `{}` failed ({}), evidence #{}",
@@ -1073,11 +1090,13 @@ impl Engine<'_> {
         env
     }
 
+    /// Runs one verifier on the working tree described by `judged` and records its evidence.
     fn run_verifier(
         &mut self,
         v: &Verifier,
         step: Option<StepId>,
         phase: Option<u32>,
+        judged: &Fingerprint,
     ) -> Result<Evidence, EngineError> {
         self.observer.progress(
             &self.run,
@@ -1108,8 +1127,8 @@ impl Engine<'_> {
             duration_ms: outcome.duration_ms,
             cpu_ms: outcome.cpu_ms,
             output,
-            tree: self.run.fingerprint.tree.clone(),
-            fingerprint: self.run.fingerprint.hash(),
+            tree: judged.tree.clone(),
+            fingerprint: judged.hash(),
             step,
             phase,
         };
@@ -1130,7 +1149,8 @@ impl Engine<'_> {
             let Some(v) = self.contract.verifier(&verifier).cloned() else {
                 continue;
             };
-            let evidence = self.run_verifier(&v, None, Some(phase))?;
+            let judged = self.run.fingerprint.clone();
+            let evidence = self.run_verifier(&v, None, Some(phase), &judged)?;
             if !evidence.passed {
                 return self.block_verification(&format!("phase `{name}`"), &evidence);
             }
@@ -1169,7 +1189,8 @@ impl Engine<'_> {
             .cloned()
             .collect();
         for v in verifiers {
-            let evidence = self.run_verifier(&v, None, None)?;
+            let judged = self.run.fingerprint.clone();
+            let evidence = self.run_verifier(&v, None, None, &judged)?;
             if !evidence.passed {
                 return self.block_verification("acceptance", &evidence);
             }

@@ -456,10 +456,17 @@ impl Store {
 
     /// Resolves a run id or a unique prefix of one.
     pub fn resolve_run(&self, id_or_prefix: &str) -> Result<String, StoreError> {
-        let pattern = format!("{}%", id_or_prefix.replace(['%', '_'], ""));
+        if id_or_prefix.trim().is_empty() {
+            return Err(StoreError::NoSuchRun(id_or_prefix.to_string()));
+        }
+        let escaped = id_or_prefix
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_");
+        let pattern = format!("{escaped}%");
         let mut stmt = self
             .conn
-            .prepare("SELECT id FROM runs WHERE id LIKE ?1 ORDER BY id LIMIT 6")
+            .prepare("SELECT id FROM runs WHERE id LIKE ?1 ESCAPE '\\' ORDER BY id LIMIT 6")
             .map_err(|e| self.sql(e))?;
         let ids: Vec<String> = stmt
             .query_map([pattern], |r| r.get(0))

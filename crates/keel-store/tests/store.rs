@@ -279,3 +279,16 @@ fn a_store_from_a_newer_keel_is_refused() {
 fn rusqlite_open(dir: &tempfile::TempDir) -> rusqlite::Connection {
     rusqlite::Connection::open(dir.path().join(".keel/keel.db")).unwrap()
 }
+
+#[test]
+fn like_wildcards_in_a_prefix_match_themselves_only() {
+    let (_d, mut store) = open();
+    let (e, run) = created("abc");
+    store.create_run(&e, &run, "a", 0, 1000).unwrap();
+    for prefix in ["_", "%", "a_c", "", "  "] {
+        assert!(
+            matches!(store.resolve_run(prefix), Err(StoreError::NoSuchRun(_))),
+            "`{prefix}` matched a run"
+        );
+    }
+}
