@@ -57,6 +57,13 @@ enum Command {
         /// Leave the run for a worker instead of driving it here.
         #[arg(long)]
         detach: bool,
+        /// Use this driver for agent phases instead of the contract's: openai, anthropic,
+        /// command or script (recorded with the run).
+        #[arg(long, value_parser = parse_driver_kind)]
+        driver: Option<keel_core::contract::DriverKind>,
+        /// Use this model instead of the contract's (recorded with the run).
+        #[arg(long)]
+        model: Option<String>,
     },
     /// Continue a run after a crash, a block or a stop, from its newest verified checkpoint.
     Resume {
@@ -198,7 +205,12 @@ fn dispatch(cli: Cli) -> Result<u8> {
             print!("{}", keel_core::contract::json_schema());
             Ok(exit::COMPLETED)
         }
-        Command::Run { contract, detach } => {
+        Command::Run {
+            contract,
+            detach,
+            driver,
+            model,
+        } => {
             if detach {
                 return Err(Usage(
                     "`keel run --detach` is not supported yet: there is no `keel worker` to pick the run up; run without --detach".into(),
@@ -227,15 +239,17 @@ fn dispatch(cli: Cli) -> Result<u8> {
                 let _ = writeln!(out, "run {id}");
                 let _ = out.flush();
             };
-            let result = keel_engine::start(
-                &mut store,
-                &contract,
-                parsed,
-                &id,
-                &actor,
-                &mut observer,
-                &mut announce,
-            );
+            let choice = keel_engine::DriverOverride {
+                kind: driver,
+                model,
+            };
+            let new = keel_engine::NewRun {
+                contract_path: &contract,
+                contract: parsed,
+                run_id: &id,
+                choice: &choice,
+            };
+            let result = keel_engine::start(&mut store, new, &actor, &mut observer, &mut announce);
             finish(&store, result, &observer)
         }
         Command::Resume {
@@ -351,6 +365,19 @@ fn dispatch(cli: Cli) -> Result<u8> {
                 exit::FAILED
             })
         }
+    }
+}
+
+fn parse_driver_kind(text: &str) -> Result<keel_core::contract::DriverKind, String> {
+    use keel_core::contract::DriverKind;
+    match text {
+        "openai" => Ok(DriverKind::Openai),
+        "anthropic" => Ok(DriverKind::Anthropic),
+        "command" => Ok(DriverKind::Command),
+        "script" => Ok(DriverKind::Script),
+        other => Err(format!(
+            "`{other}` is not a driver; drivers are openai, anthropic, command and script"
+        )),
     }
 }
 

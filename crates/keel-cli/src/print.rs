@@ -76,6 +76,12 @@ pub fn run_json(run: &Run, checkpoints: usize) -> Value {
         "budgets": budgets,
         "evidence": run.evidence.values().collect::<Vec<_>>(),
         "checkpoints": checkpoints,
+        "plan": run.plan,
+        "plan_version": run.plan_version,
+        "notes": run.notes,
+        "rejected_paths": run.rejected_paths,
+        "model_calls": run.model_calls,
+        "violations": run.violations,
         "contract": run.contract_file,
         "contract_hash": run.contract_hash,
         "workspace": run.workspace,
@@ -160,6 +166,28 @@ pub fn run_status(out: &mut dyn Write, run: &Run, checkpoints: &[CheckpointRow])
             b.format_amount(used)
         )?;
     }
+    if run.model_calls > 0 || run.violations > 0 {
+        writeln!(
+            out,
+            "driver     {} model calls, {} tokens, {}, {} policy violations",
+            run.model_calls,
+            run.used(BudgetName::Tokens),
+            BudgetName::CostUsd.format_amount(run.used(BudgetName::CostUsd)),
+            run.violations
+        )?;
+    }
+    if !run.plan.is_empty() {
+        writeln!(out, "plan       (version {})", run.plan_version)?;
+        for (i, item) in run.plan.iter().enumerate() {
+            writeln!(out, "  {}. {}", i + 1, shorten(item, 90))?;
+        }
+    }
+    if !run.rejected_paths.is_empty() {
+        writeln!(out, "rejected paths")?;
+        for r in &run.rejected_paths {
+            writeln!(out, "  - {}", shorten(r, 100))?;
+        }
+    }
     if !run.evidence.is_empty() {
         writeln!(out, "evidence")?;
         for e in run.evidence.values() {
@@ -243,9 +271,91 @@ fn summarise(body: &EventBody) -> String {
             step,
             attempt,
             command,
+            ..
+        } => format!("{step} attempt {attempt}: {}", shorten(command, 80)),
+        EventBody::ModelRequested {
+            step,
+            prompt_tokens,
+            context_tokens,
+            ..
+        } => format!("{step} prompt of {prompt_tokens} tokens (limit {context_tokens})"),
+        EventBody::ModelReplied {
+            step,
+            reply,
+            usage,
+            cost_micro_usd,
+            retries,
+            ..
         } => {
-            format!("{step} attempt {attempt}: {}", shorten(command, 80))
+            let calls: Vec<String> = reply
+                .calls
+                .iter()
+                .map(|c| format!("{}({})", c.name, shorten(&c.arguments, 60)))
+                .collect();
+            let retried = if retries.is_empty() {
+                String::new()
+            } else {
+                format!(", {} retries ({})", retries.len(), retries.join("; "))
+            };
+            format!(
+                "{step} {} in + {} out tokens, {}{retried}: {}",
+                usage.input_tokens,
+                usage.output_tokens,
+                BudgetName::CostUsd.format_amount(*cost_micro_usd),
+                if calls.is_empty() {
+                    format!(
+                        "no tool call: {}",
+                        shorten(reply.text.as_deref().unwrap_or(""), 80)
+                    )
+                } else {
+                    calls.join(", ")
+                }
+            )
         }
+        EventBody::PolicyDecision {
+            step,
+            call,
+            tool,
+            decision,
+            rule,
+            reversibility,
+            ..
+        } => format!(
+            "{step}#{call} {tool} [{reversibility}] {}: {}",
+            decision.as_str().to_uppercase(),
+            shorten(rule, 100)
+        ),
+        EventBody::ToolCallFinished {
+            step,
+            call,
+            ok,
+            observation,
+            changed,
+            ..
+        } => format!(
+            "{step}#{call} {}{}: {}",
+            if *ok { "ok" } else { "FAILED" },
+            if changed.is_empty() {
+                String::new()
+            } else {
+                format!(" (changed {})", changed.join(", "))
+            },
+            shorten(observation, 90)
+        ),
+        EventBody::PlanUpdated { items, .. } => format!("{} items", items.len()),
+        EventBody::NoteAdded { text, .. } => shorten(text, 100),
+        EventBody::FinishClaimed { step, summary } => format!("{step}: {}", shorten(summary, 100)),
+        EventBody::ScopeReverted { step, paths } => {
+            format!("{step}: undone outside the scope: {}", paths.join(", "))
+        }
+        EventBody::VerificationFailed {
+            verifier, evidence, ..
+        } => format!("{verifier} failed (evidence #{evidence}): back to the driver"),
+        EventBody::LoopDetected {
+            pattern,
+            rejected_path,
+            ..
+        } => format!("{pattern}: rejected path: {}", shorten(rejected_path, 100)),
         EventBody::StepFinished {
             step,
             status,

@@ -101,7 +101,27 @@ pub struct Driver {
     pub command: Option<String>,
     /// Present exactly when `kind` is `script`.
     pub script: Option<String>,
+    /// The most tokens one model reply may have.
+    pub max_output_tokens: u64,
+    /// How long one model call, or one run of a command driver, may take.
+    pub timeout_ms: u64,
+    /// How often a model call is retried on 429, 5xx and timeouts.
+    pub max_retries: u32,
+    /// The first wait before a retry; it doubles each time, with jitter.
+    pub retry_backoff_ms: u64,
+    /// Micro-dollars per million input and output tokens, when the contract gives a price.
+    pub price: Option<(u64, u64)>,
 }
+
+impl Driver {
+    /// The assembled prompt never exceeds this many tokens.
+    pub fn context_budget(&self) -> u64 {
+        self.context_tokens.unwrap_or(DEFAULT_CONTEXT_TOKENS)
+    }
+}
+
+/// The prompt size when the contract does not say.
+pub const DEFAULT_CONTEXT_TOKENS: u64 = 32_000;
 
 /// Which driver decides the actions of agent phases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
@@ -197,12 +217,18 @@ pub struct Phase {
     pub gate: Vec<String>,
 }
 
-/// What a phase does. This version of keel runs command phases only; the contract refuses the
-/// others with "not supported yet".
+/// What a phase does. Approval phases are refused with "not supported yet".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PhaseKind {
     /// Fixed shell commands, run in order; each may take at most `timeout_ms`.
     Command { run: Vec<String>, timeout_ms: u64 },
+    /// The driver chooses actions toward `objective`, using only `tools` (built-in names); a
+    /// `run` call may take at most `timeout_ms` unless it asks for less.
+    Agent {
+        objective: String,
+        tools: Vec<String>,
+        timeout_ms: u64,
+    },
 }
 
 impl Contract {

@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::agent::{ModelReply, Reversibility, Usage};
 use crate::budget::{BudgetLimits, BudgetName};
 use crate::fingerprint::{Fingerprint, FingerprintChange};
 use crate::state::RunState;
@@ -54,6 +55,9 @@ pub struct Evidence {
     /// The phase this evidence judged, for phase verifiers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<u32>,
+    /// For a failure: the part of the output that says what failed, compacted for a prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub excerpt: Option<String>,
 }
 
 /// What a budget stop names: the budget, what was used and the limit.
@@ -81,15 +85,65 @@ impl std::fmt::Display for BudgetStop {
 #[serde(tag = "cause", rename_all = "snake_case")]
 pub enum Block {
     Budget(BudgetStop),
-    Drift { changes: Vec<FingerprintChange> },
-    Verification { verifier: String, evidence: u32 },
+    Drift {
+        changes: Vec<FingerprintChange>,
+    },
+    Verification {
+        verifier: String,
+        evidence: u32,
+    },
+    /// The driver called `blocked`.
+    Driver {
+        category: String,
+        reason: String,
+    },
+    /// The driver could not be asked (a rejected key or model, retries used up, a script out of
+    /// actions).
+    DriverFailed {
+        message: String,
+    },
+    /// The driver went round in circles; the approach is a rejected path now.
+    Loop {
+        kind: String,
+    },
+}
+
+/// What the policy check said about a tool call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    Allow,
+    Deny,
+    NeedsApproval,
+}
+
+impl Decision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Allow => "allow",
+            Decision::Deny => "deny",
+            Decision::NeedsApproval => "needs_approval",
+        }
+    }
+}
+
+/// Choices made on the command line for one run, overriding the contract's `[driver]`;
+/// recorded with the run so that a resume makes the same ones.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriverChoice {
+    pub kind: Option<crate::contract::DriverKind>,
+    pub model: Option<String>,
 }
 
 /// The phases of a contract as the run saw them at creation: names and their commands.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PhaseOutline {
     pub name: String,
+    /// The commands of a command phase; empty for an agent phase, whose steps are made as the
+    /// driver decides.
     pub commands: Vec<String>,
+    #[serde(default)]
+    pub agent: bool,
 }
 
 /// Every kind of event keel writes, version 1.
@@ -106,6 +160,8 @@ pub enum EventBody {
         limits: BudgetLimits,
         base: Fingerprint,
         keel_version: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        driver: Option<DriverChoice>,
     },
     /// A change of run state, with its cause in words and, for `blocked`, in structure.
     StateChanged {
@@ -130,9 +186,97 @@ pub enum EventBody {
         step: StepId,
         attempt: u32,
         command: String,
+        /// An agent step: the driver decides its tool calls (each counted as a tool call).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        agent: bool,
+    },
+    /// The request for an agent step's decision, stored before it is sent.
+    ModelRequested {
+        step: StepId,
+        /// Artifact hash of the exact request bytes.
+        request: String,
+        prompt_tokens: u64,
+        context_tokens: u64,
+    },
+    /// The driver's answer, with what it cost.
+    ModelReplied {
+        step: StepId,
+        /// Artifact hash of the exact response bytes.
+        response: String,
+        reply: ModelReply,
+        usage: Usage,
+        cost_micro_usd: u64,
+        retries: Vec<String>,
+        duration_ms: u64,
+    },
+    /// The policy check of one tool call of an agent step, before anything runs.
+    PolicyDecision {
+        step: StepId,
+        call: u32,
+        tool: String,
+        /// The arguments as the driver wrote them (cut to a few KiB).
+        arguments: String,
+        decision: Decision,
+        rule: String,
+        reversibility: Reversibility,
+        /// The working tree before a call that may change it: what an interrupted call is
+        /// rolled back to.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pre_tree: Option<String>,
+        /// For a denial: the fingerprint that counts toward `same_error`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error_fingerprint: Option<String>,
+    },
+    /// The outcome of an allowed tool call, and what the driver is shown of it.
+    ToolCallFinished {
+        step: StepId,
+        call: u32,
+        ok: bool,
+        observation: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output: Option<String>,
+        changed: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error_fingerprint: Option<String>,
+    },
+    PlanUpdated {
+        step: StepId,
+        items: Vec<String>,
+    },
+    NoteAdded {
+        step: StepId,
+        text: String,
+    },
+    /// The driver claimed the phase's objective is met; the verifiers decide.
+    FinishClaimed {
+        step: StepId,
+        summary: String,
+    },
+    /// Changes outside the contract's scope, made during a step, were undone.
+    ScopeReverted {
+        step: StepId,
+        paths: Vec<String>,
+    },
+    /// A verification the driver asked for (by `finish`) failed; the evidence goes back to it.
+    VerificationFailed {
+        phase: u32,
+        verifier: String,
+        evidence: u32,
+        error_fingerprint: String,
+    },
+    /// The driver is going round in circles; `rejected_path` is kept so it is not tried again.
+    LoopDetected {
+        step: StepId,
+        /// `repeat`, `ping_pong`.
+        pattern: String,
+        evidence: String,
+        rejected_path: String,
     },
     StepFinished {
         step: StepId,
+        /// Agent steps: a hash of what the step did and what came of it, for loop detection.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signature: Option<String>,
         status: String,
         success: bool,
         duration_ms: u64,
@@ -158,6 +302,9 @@ pub enum EventBody {
         error_fingerprint: String,
         excerpt: String,
         rolled_back: Vec<String>,
+        /// Agent steps keep their changes: the driver sees the failure and works on.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        kept: bool,
     },
     /// A step interrupted by a crash was undone before it is run again. What the working tree
     /// held at that moment is kept under `saved_ref` so nothing is lost.
@@ -217,6 +364,16 @@ impl EventBody {
             EventBody::Resumed { .. } => "resumed",
             EventBody::PhaseStarted { .. } => "phase_started",
             EventBody::StepStarted { .. } => "step_started",
+            EventBody::ModelRequested { .. } => "model_requested",
+            EventBody::ModelReplied { .. } => "model_replied",
+            EventBody::PolicyDecision { .. } => "policy_decision",
+            EventBody::ToolCallFinished { .. } => "tool_call_finished",
+            EventBody::PlanUpdated { .. } => "plan_updated",
+            EventBody::NoteAdded { .. } => "note_added",
+            EventBody::FinishClaimed { .. } => "finish_claimed",
+            EventBody::ScopeReverted { .. } => "scope_reverted",
+            EventBody::VerificationFailed { .. } => "verification_failed",
+            EventBody::LoopDetected { .. } => "loop_detected",
             EventBody::StepFinished { .. } => "step_finished",
             EventBody::EvidenceRecorded { .. } => "evidence_recorded",
             EventBody::StepVerified { .. } => "step_verified",
@@ -310,6 +467,7 @@ mod tests {
             step: StepId { phase: 1, index: 2 },
             attempt: 1,
             command: "make".into(),
+            agent: false,
         };
         let json = body.encode();
         assert!(json.starts_with(r#"{"kind":"step_started""#), "{json}");

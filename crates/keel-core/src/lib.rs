@@ -6,14 +6,17 @@
 //! - [`run`]: the run projection as a fold over events, budget checks, and the next move.
 //! - [`checkpoint`], [`fingerprint`], [`budget`], [`errorfp`]: the models they use.
 
+pub mod agent;
 pub mod budget;
 pub mod checkpoint;
+pub mod context;
 pub mod contract;
 pub mod errorfp;
 pub mod event;
 pub mod fingerprint;
 pub mod run;
 pub mod state;
+pub mod tools;
 
 /// keel's version, recorded in fingerprints and run_created events.
 pub const KEEL_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::agent::ModelReply;
 use crate::budget::{BudgetLimits, BudgetName};
-use crate::event::{Block, BudgetStop, Event, EventBody, Evidence, StepId};
+use crate::event::{Block, BudgetStop, Decision, Event, EventBody, Evidence, StepId};
 use crate::fingerprint::Fingerprint;
 use crate::state::{self, RunState, StepState, TransitionError};
 
@@ -28,7 +29,43 @@ pub struct PhaseProgress {
     pub name: String,
     pub steps: Vec<StepProgress>,
     pub verified: bool,
+    /// An agent phase: its steps are made as the driver decides.
+    #[serde(default)]
+    pub agent: bool,
+    /// The driver called `finish` and the verifiers have not judged the claim yet.
+    #[serde(default)]
+    pub finish_claimed: bool,
 }
+
+/// One tool call of the agent step in progress, as far as it got.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallProgress {
+    pub tool: String,
+    pub arguments: String,
+    pub decision: Decision,
+    pub pre_tree: Option<String>,
+    pub finished: bool,
+}
+
+/// What the driver was shown of an earlier call: the last few go into every prompt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Observation {
+    pub step: StepId,
+    pub tool: String,
+    pub arguments: String,
+    pub ok: bool,
+    pub text: String,
+}
+
+/// How many observations, notes and step signatures the projection keeps: enough for the
+/// prompt and for loop detection, bounded so that neither grows with the run.
+pub const KEPT_OBSERVATIONS: usize = 8;
+pub const KEPT_NOTES: usize = 20;
+pub const KEPT_SIGNATURES: usize = 8;
+/// The same action with the same result this many times in a row is a loop.
+pub const REPEAT_LIMIT: usize = 3;
+/// Observations are cut to this many bytes in the projection (the whole output is an artifact).
+pub const OBSERVATION_BYTES: usize = 2000;
 
 /// The step a process was working on when its last event was written.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,6 +77,15 @@ pub struct InProgress {
     pub pre_diff: (u64, u64),
     /// The environment after the step's command ended, once known.
     pub post: Option<Fingerprint>,
+    /// An agent step: the driver's request and reply once recorded, and its calls so far.
+    #[serde(default)]
+    pub agent: bool,
+    #[serde(default)]
+    pub request: Option<String>,
+    #[serde(default)]
+    pub reply: Option<ModelReply>,
+    #[serde(default)]
+    pub calls: Vec<CallProgress>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,6 +119,23 @@ pub struct Run {
     pub checkpoints: u32,
     pub rejected_paths: Vec<String>,
     pub plan_version: u32,
+    #[serde(default)]
+    pub plan: Vec<String>,
+    #[serde(default)]
+    pub notes: Vec<String>,
+    #[serde(default)]
+    pub observations: Vec<Observation>,
+    /// Signatures of the latest agent steps, newest last.
+    #[serde(default)]
+    pub recent: Vec<String>,
+    #[serde(default)]
+    pub model_calls: u64,
+    /// Tool calls the policy denied and out-of-scope changes undone.
+    #[serde(default)]
+    pub violations: u64,
+    /// The driver choices made on the command line for this run.
+    #[serde(default)]
+    pub driver: Option<crate::event::DriverChoice>,
     pub seq: u64,
     pub lease: u64,
     /// When the run last became active in this process, for wall-time accounting.
@@ -127,6 +190,7 @@ impl Run {
             acceptance,
             limits,
             base,
+            driver,
             ..
         } = &event.body
         else {
@@ -164,6 +228,8 @@ impl Run {
                         })
                         .collect(),
                     verified: false,
+                    agent: p.agent,
+                    finish_claimed: false,
                 })
                 .collect(),
             cursor: 0,
@@ -179,6 +245,13 @@ impl Run {
             checkpoints: 0,
             rejected_paths: Vec::new(),
             plan_version: 0,
+            plan: Vec::new(),
+            notes: Vec::new(),
+            observations: Vec::new(),
+            recent: Vec::new(),
+            model_calls: 0,
+            violations: 0,
+            driver: driver.clone(),
             seq: 1,
             lease: 0,
             active_since_ms: None,
@@ -328,7 +401,8 @@ impl Run {
             EventBody::StepStarted {
                 step,
                 attempt,
-                command: _,
+                command,
+                agent,
             } => {
                 if self.state != RunState::Executing {
                     return Err(ApplyError::WrongState {
@@ -349,6 +423,27 @@ impl Run {
                         self.cursor + 1
                     )));
                 }
+                let phase =
+                    self.phases
+                        .get_mut(step.phase as usize)
+                        .ok_or(ApplyError::UnknownStep {
+                            event: "step_started",
+                            step: *step,
+                        })?;
+                if phase.agent != *agent {
+                    return Err(ApplyError::Invalid(format!(
+                        "step {step}: agent steps belong to agent phases, and only they"
+                    )));
+                }
+                if *agent && step.index as usize == phase.steps.len() {
+                    // Agent phases grow a step at a time, as the driver decides.
+                    phase.steps.push(StepProgress {
+                        command: command.clone(),
+                        state: StepState::NotStarted,
+                        attempts: 0,
+                        output: None,
+                    });
+                }
                 self.set_step("step_started", *step, StepState::InProgress)?;
                 self.step_mut("step_started", *step)?.attempts = *attempt;
                 self.in_progress = Some(InProgress {
@@ -360,12 +455,166 @@ impl Run {
                         self.used(BudgetName::DiffLines),
                     ),
                     post: None,
+                    agent: *agent,
+                    request: None,
+                    reply: None,
+                    calls: Vec::new(),
                 });
                 self.add(BudgetName::Steps, 1);
+                if *agent {
+                    self.add(BudgetName::NoProgressSteps, 1);
+                } else {
+                    self.add(BudgetName::ToolCalls, 1);
+                }
+            }
+            EventBody::ModelRequested { step, request, .. } => {
+                self.expect_in_progress("model_requested", *step)?;
+                let p = self.agent_step_mut("model_requested")?;
+                p.request = Some(request.clone());
+            }
+            EventBody::ModelReplied {
+                step,
+                reply,
+                usage,
+                cost_micro_usd,
+                ..
+            } => {
+                self.expect_in_progress("model_replied", *step)?;
+                let p = self.agent_step_mut("model_replied")?;
+                if p.reply.is_some() {
+                    return Err(ApplyError::Invalid(format!(
+                        "step {step} already has the driver's reply"
+                    )));
+                }
+                p.reply = Some(reply.clone());
+                self.add(BudgetName::Tokens, usage.input_tokens + usage.output_tokens);
+                self.add(BudgetName::CostUsd, *cost_micro_usd);
+                self.model_calls += 1;
+                if reply.calls.is_empty() {
+                    let text = reply.text.clone().unwrap_or_default();
+                    self.observe(Observation {
+                        step: *step,
+                        tool: "(no tool call)".into(),
+                        arguments: String::new(),
+                        ok: false,
+                        text: format!(
+                            "Your reply had no tool call{}. Act only through tools; call finish when the objective is met.",
+                            if text.trim().is_empty() {
+                                String::new()
+                            } else {
+                                format!(" (it said: {})", cut(&text, 300))
+                            }
+                        ),
+                    });
+                }
+            }
+            EventBody::PolicyDecision {
+                step,
+                call,
+                tool,
+                arguments,
+                decision,
+                rule,
+                pre_tree,
+                error_fingerprint,
+                ..
+            } => {
+                self.expect_in_progress("policy_decision", *step)?;
+                let p = self.agent_step_mut("policy_decision")?;
+                if p.reply.is_none() || *call as usize != p.calls.len() {
+                    return Err(ApplyError::Invalid(format!(
+                        "policy decision for call {call} of step {step} out of order"
+                    )));
+                }
+                p.calls.push(CallProgress {
+                    tool: tool.clone(),
+                    arguments: arguments.clone(),
+                    decision: *decision,
+                    pre_tree: pre_tree.clone(),
+                    finished: false,
+                });
                 self.add(BudgetName::ToolCalls, 1);
+                if *decision == Decision::Deny {
+                    self.violations += 1;
+                    self.observe(Observation {
+                        step: *step,
+                        tool: tool.clone(),
+                        arguments: cut(arguments, 200),
+                        ok: false,
+                        text: format!("DENIED: {rule}"),
+                    });
+                }
+                if let Some(fp) = error_fingerprint {
+                    self.count_error(fp);
+                }
+            }
+            EventBody::ToolCallFinished {
+                step,
+                call,
+                ok,
+                observation,
+                changed,
+                error_fingerprint,
+                ..
+            } => {
+                self.expect_in_progress("tool_call_finished", *step)?;
+                let p = self.agent_step_mut("tool_call_finished")?;
+                let c = p.calls.get_mut(*call as usize).ok_or_else(|| {
+                    ApplyError::Invalid(format!("call {call} of step {step} was never decided"))
+                })?;
+                if c.decision != Decision::Allow || c.finished {
+                    return Err(ApplyError::Invalid(format!(
+                        "call {call} of step {step} finished without being allowed, or twice"
+                    )));
+                }
+                c.finished = true;
+                let (tool, arguments) = (c.tool.clone(), cut(&c.arguments, 200));
+                self.add(BudgetName::Writes, changed.len() as u64);
+                self.observe(Observation {
+                    step: *step,
+                    tool,
+                    arguments,
+                    ok: *ok,
+                    text: cut(observation, OBSERVATION_BYTES),
+                });
+                if let Some(fp) = error_fingerprint {
+                    self.count_error(fp);
+                }
+            }
+            EventBody::PlanUpdated { items, .. } => {
+                self.plan = items.clone();
+                self.plan_version += 1;
+            }
+            EventBody::NoteAdded { text, .. } => {
+                self.notes.push(cut(text, OBSERVATION_BYTES));
+                let excess = self.notes.len().saturating_sub(KEPT_NOTES);
+                self.notes.drain(..excess);
+            }
+            EventBody::FinishClaimed { step, .. } => {
+                self.expect_in_progress("finish_claimed", *step)?;
+                if let Some(phase) = self.phases.get_mut(step.phase as usize) {
+                    phase.finish_claimed = true;
+                }
+            }
+            EventBody::ScopeReverted { paths, .. } => {
+                self.violations += paths.len() as u64;
+            }
+            EventBody::VerificationFailed {
+                phase,
+                error_fingerprint,
+                ..
+            } => {
+                if let Some(p) = self.phases.get_mut(*phase as usize) {
+                    p.finish_claimed = false;
+                }
+                self.count_error(error_fingerprint);
+            }
+            EventBody::LoopDetected { rejected_path, .. } => {
+                self.rejected_paths.push(rejected_path.clone());
             }
             EventBody::StepFinished {
                 step,
+                signature,
                 cpu_ms,
                 output,
                 post,
@@ -379,6 +628,11 @@ impl Run {
                     p.post = Some(post.clone());
                 }
                 self.step_mut("step_finished", *step)?.output = Some(output.clone());
+                if let Some(signature) = signature {
+                    self.recent.push(signature.clone());
+                    let excess = self.recent.len().saturating_sub(KEPT_SIGNATURES);
+                    self.recent.drain(..excess);
+                }
                 self.add(BudgetName::Writes, *files_written);
                 self.add(BudgetName::ComputeTime, *cpu_ms);
                 self.used.insert(BudgetName::FilesChanged, *diff_files);
@@ -393,6 +647,11 @@ impl Run {
                 }
                 self.evidence_count = evidence.n;
                 self.add(BudgetName::ComputeTime, evidence.cpu_ms);
+                // Progress: a verifier passes that had not passed before.
+                let before = self.evidence.get(&evidence.verifier).map(|e| e.passed);
+                if evidence.passed && before != Some(true) {
+                    self.used.insert(BudgetName::NoProgressSteps, 0);
+                }
                 self.evidence
                     .insert(evidence.verifier.clone(), evidence.clone());
             }
@@ -414,20 +673,19 @@ impl Run {
             EventBody::StepFailed {
                 step,
                 error_fingerprint,
+                kept,
                 ..
             } => {
                 self.expect_in_progress("step_failed", *step)?;
                 self.set_step("step_failed", *step, StepState::Failed)?;
-                let count = self
-                    .error_counts
-                    .entry(error_fingerprint.clone())
-                    .or_insert(0);
-                *count += 1;
-                let worst = *count;
-                if worst > self.used(BudgetName::SameError) {
-                    self.used.insert(BudgetName::SameError, worst);
+                self.count_error(error_fingerprint);
+                if *kept {
+                    if let Some(p) = self.in_progress.take() {
+                        self.fingerprint = p.post.unwrap_or(p.pre);
+                    }
+                } else {
+                    self.roll_back();
                 }
-                self.roll_back();
             }
             EventBody::StepRolledBack { step, .. } => {
                 self.expect_in_progress("step_rolled_back", *step)?;
@@ -443,8 +701,10 @@ impl Run {
             }
             EventBody::PhaseVerified { phase } => {
                 let current = self.phases.get(*phase as usize);
+                // An agent phase keeps its failed steps as history; a command phase needs each
+                // of its steps verified.
                 let all_verified = current
-                    .map(|p| p.steps.iter().all(|s| s.state == StepState::Verified))
+                    .map(|p| p.agent || p.steps.iter().all(|s| s.state == StepState::Verified))
                     .unwrap_or(false);
                 if *phase != self.cursor || !all_verified {
                     return Err(ApplyError::Invalid(format!(
@@ -454,7 +714,9 @@ impl Run {
                 }
                 if let Some(p) = self.phases.get_mut(*phase as usize) {
                     p.verified = true;
+                    p.finish_claimed = false;
                 }
+                self.used.insert(BudgetName::NoProgressSteps, 0);
             }
             EventBody::CheckpointTaken { n, .. } => {
                 if *n != self.checkpoints {
@@ -505,6 +767,59 @@ impl Run {
             EventBody::TailCut { .. } | EventBody::Cancelled { .. } => {}
         }
         Ok(())
+    }
+
+    fn agent_step_mut(&mut self, event: &'static str) -> Result<&mut InProgress, ApplyError> {
+        match self.in_progress.as_mut() {
+            Some(p) if p.agent => Ok(p),
+            _ => Err(ApplyError::Invalid(format!(
+                "{event} belongs to an agent step, and none is in progress"
+            ))),
+        }
+    }
+
+    fn observe(&mut self, observation: Observation) {
+        self.observations.push(observation);
+        let excess = self.observations.len().saturating_sub(KEPT_OBSERVATIONS);
+        self.observations.drain(..excess);
+    }
+
+    fn count_error(&mut self, fingerprint: &str) {
+        let count = self
+            .error_counts
+            .entry(fingerprint.to_string())
+            .or_insert(0);
+        *count += 1;
+        let worst = *count;
+        if worst > self.used(BudgetName::SameError) {
+            self.used.insert(BudgetName::SameError, worst);
+        }
+    }
+
+    /// The driver going round in circles: the same action with the same result
+    /// [`REPEAT_LIMIT`] times in a row, or two actions alternating over the last six steps.
+    pub fn loop_detected(&self) -> Option<&'static str> {
+        let r = &self.recent;
+        if r.len() >= REPEAT_LIMIT
+            && r[r.len() - REPEAT_LIMIT..]
+                .iter()
+                .all(|s| *s == r[r.len() - 1])
+        {
+            return Some("repeat");
+        }
+        if r.len() >= 6 {
+            let last = &r[r.len() - 6..];
+            let (a, b) = (&last[0], &last[1]);
+            if a != b
+                && last
+                    .iter()
+                    .enumerate()
+                    .all(|(i, s)| s == if i % 2 == 0 { a } else { b })
+            {
+                return Some("ping_pong");
+            }
+        }
+        None
     }
 
     fn roll_back(&mut self) {
@@ -558,6 +873,9 @@ impl Run {
             BudgetName::ToolCalls,
             BudgetName::WallTime,
             BudgetName::ComputeTime,
+            BudgetName::Tokens,
+            BudgetName::CostUsd,
+            BudgetName::NoProgressSteps,
         ]
         .into_iter()
         .find_map(|b| self.stop_if(b, |used, limit| used >= limit))
@@ -599,6 +917,18 @@ impl Run {
         if self.checkpoints == 0 {
             return Next::Checkpoint;
         }
+        if let Some(phase) = self.phases.get(self.cursor as usize)
+            && phase.agent
+        {
+            return match (phase.verified, phase.finish_claimed) {
+                (true, _) => Next::Checkpoint,
+                (false, true) => Next::VerifyPhase(self.cursor),
+                (false, false) => Next::Step(StepId {
+                    phase: self.cursor,
+                    index: phase.steps.len() as u32,
+                }),
+            };
+        }
         if let Some(phase) = self.phases.get(self.cursor as usize) {
             let pending = phase
                 .steps
@@ -638,4 +968,16 @@ pub enum Next {
     Accept,
     /// Every acceptance verifier passed for the current tree: the run is complete.
     Complete,
+}
+
+/// Cuts text to at most `max` bytes on a character boundary, saying how much was left out.
+pub fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… [{} more bytes]", &text[..end], text.len() - end)
 }

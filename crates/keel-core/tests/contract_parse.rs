@@ -277,8 +277,9 @@ run = ["notify"]
             (21, 7),  // empty run
             (26, 7),  // empty run list
             (27, 14), // done_when names an unknown verifier
+            (29, 1),  // agent phase without an objective
             (30, 8),  // duplicate phase name
-            (31, 8),  // agent phase
+            (31, 8),  // agent phase without a [driver]
             (33, 1),  // [[tool]]
         ],
         "\n{e}"

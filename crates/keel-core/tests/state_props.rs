@@ -34,16 +34,19 @@ fn created() -> Run {
                 PhaseOutline {
                     name: "a".into(),
                     commands: vec!["x".into(), "y".into()],
+                    agent: false,
                 },
                 PhaseOutline {
                     name: "b".into(),
                     commands: vec!["z".into()],
+                    agent: false,
                 },
             ],
             acceptance: vec!["accept".into()],
             limits,
             base: fp(0),
             keel_version: "0".into(),
+            driver: None,
         },
     };
     Run::create(&e).unwrap()
@@ -66,6 +69,7 @@ fn acceptance(n: u32, passed: bool, tree: u8) -> EventBody {
             fingerprint: "f".into(),
             step: None,
             phase: None,
+            excerpt: None,
         },
     }
 }
@@ -95,9 +99,11 @@ fn any_body() -> impl Strategy<Value = EventBody> {
         (any_step(), 1u32..4).prop_map(|(step, attempt)| EventBody::StepStarted {
             step,
             attempt,
-            command: "c".into()
+            command: "c".into(),
+            agent: false,
         }),
         (any_step(), 0u8..4, 0u64..3).prop_map(|(step, tree, files)| EventBody::StepFinished {
+            signature: None,
             step,
             status: "exit 0".into(),
             success: true,
@@ -116,6 +122,7 @@ fn any_body() -> impl Strategy<Value = EventBody> {
             error_fingerprint: format!("e{e}"),
             excerpt: String::new(),
             rolled_back: vec![],
+            kept: false,
         }),
         any_step().prop_map(|step| EventBody::StepRolledBack {
             step,
@@ -290,12 +297,14 @@ fn the_legal_path_reaches_completed_only_with_evidence() {
                 step: s,
                 attempt: 1,
                 command: "c".into(),
+                agent: false,
             },
         )
         .unwrap();
         push(
             &mut run,
             EventBody::StepFinished {
+                signature: None,
                 step: s,
                 status: "exit 0".into(),
                 success: true,

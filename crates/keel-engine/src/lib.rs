@@ -9,8 +9,11 @@
 //!   and what the tree held is kept under a ref;
 //! - resume never continues silently in a changed environment.
 
+mod agent;
+pub mod driver;
 mod environment;
 pub mod fault;
+mod llm_driver;
 mod process;
 
 use std::path::{Path, PathBuf};
@@ -35,6 +38,9 @@ pub use environment::keel_excludes;
 const LEASE_TTL_MS: i64 = 5 * 60 * 1000;
 /// How many changed paths a drift report names.
 const NAMED_PATHS: usize = 10;
+/// How many lines, and bytes, of a failing verifier's output its evidence keeps for a prompt.
+const EXCERPT_LINES: usize = 40;
+const EXCERPT_BYTES: usize = 3000;
 /// How much of a failure's output is read to fingerprint it.
 const FAILURE_TAIL_BYTES: u64 = 64 * 1024;
 
@@ -206,19 +212,87 @@ pub struct Engine<'a> {
     lease: Lease,
     env: Environment,
     observer: &'a mut dyn Observer,
+    /// The workspace as agent tools see it: paths resolved so they cannot escape.
+    tools: keel_tools::Workspace,
+    /// The decision-maker of agent phases, when the contract has any.
+    driver: Option<Box<dyn driver::Driver>>,
 }
 
-/// Creates a run of `contract` (already validated) and drives it until it stops.
+/// Choices made on the command line for one run (driver kind, model), recorded with it.
+pub use keel_core::event::DriverChoice as DriverOverride;
+
+/// The driver of a contract's agent phases, with command-line overrides applied; `None` when
+/// the contract has no agent phase. Secrets are read here, at the moment of use, and kept only in
+/// memory.
+pub fn make_driver(
+    contract: &Contract,
+    contract_dir: &Path,
+    choice: &DriverOverride,
+) -> Result<Option<Box<dyn driver::Driver>>, EngineError> {
+    let has_agent = contract
+        .phases
+        .iter()
+        .any(|p| matches!(p.kind, PhaseKind::Agent { .. }));
+    let Some(d) = &contract.driver else {
+        return Ok(None);
+    };
+    if !has_agent && choice.kind.is_none() && choice.model.is_none() {
+        return Ok(None);
+    }
+    let kind = choice.kind.unwrap_or(d.kind);
+    let model = choice.model.clone().or_else(|| d.model.clone());
+    use keel_core::contract::DriverKind;
+    Ok(Some(match kind {
+        DriverKind::Script => {
+            let script = d.script.as_deref().ok_or_else(|| {
+                EngineError::Usage("the script driver needs `script` in [driver]".into())
+            })?;
+            Box::new(
+                driver::ScriptDriver::load(&contract_dir.join(script))
+                    .map_err(|e| EngineError::Usage(e.0))?,
+            )
+        }
+        DriverKind::Command => {
+            let command = d.command.as_deref().ok_or_else(|| {
+                EngineError::Usage("the command driver needs `command` in [driver]".into())
+            })?;
+            Box::new(driver::CommandDriver::new(command, d.timeout_ms))
+        }
+        DriverKind::Openai | DriverKind::Anthropic => {
+            let model = model.ok_or_else(|| {
+                EngineError::Usage(format!(
+                    "the {kind} driver needs a model: set model in [driver] or pass --model"
+                ))
+            })?;
+            llm_driver::make(kind, &model, d)?
+        }
+    }))
+}
+
+/// What a new run is made of.
+pub struct NewRun<'a> {
+    pub contract_path: &'a Path,
+    /// Already validated.
+    pub contract: Contract,
+    pub run_id: &'a str,
+    pub choice: &'a DriverOverride,
+}
+
+/// Creates a run of a contract and drives it until it stops.
 /// `on_created` receives the new run's id as soon as the run exists, before anything runs.
 pub fn start(
     store: &mut Store,
-    contract_path: &Path,
-    contract: Contract,
-    run_id: &str,
+    new: NewRun<'_>,
     actor: &Actor,
     observer: &mut dyn Observer,
     on_created: &mut dyn FnMut(&str),
 ) -> Result<Run, EngineError> {
+    let NewRun {
+        contract_path,
+        contract,
+        run_id,
+        choice,
+    } = new;
     let workspace = workspace_of(contract_path, &contract)?;
     let mut env = open_environment(store, &workspace)?;
     let base = env.fingerprint(&contract)?;
@@ -233,9 +307,14 @@ pub fn start(
             name: p.name.clone(),
             commands: match &p.kind {
                 PhaseKind::Command { run, .. } => run.clone(),
+                PhaseKind::Agent { .. } => Vec::new(),
             },
+            agent: matches!(p.kind, PhaseKind::Agent { .. }),
         })
         .collect();
+    let contract_dir = workspace_contract_dir(contract_path)?;
+    let driver = make_driver(&contract, &contract_dir, choice)?;
+    let tools = agent_workspace(&workspace)?;
     let created = Event {
         run_id: run_id.to_string(),
         seq: 1,
@@ -256,6 +335,7 @@ pub fn start(
             limits,
             base,
             keel_version: keel_core::KEEL_VERSION.to_string(),
+            driver: (*choice != DriverOverride::default()).then(|| choice.clone()),
         },
     };
     let run = Run::create(&created).map_err(|source| EngineError::Apply {
@@ -274,6 +354,8 @@ pub fn start(
         lease,
         env,
         observer,
+        tools,
+        driver,
     };
     engine.commit(vec![EventBody::Resumed {
         holder: actor.holder.clone(),
@@ -281,6 +363,20 @@ pub fn start(
         checkpoint: None,
     }])?;
     engine.drive()
+}
+
+fn workspace_contract_dir(contract_path: &Path) -> Result<PathBuf, EngineError> {
+    Ok(contract_path
+        .canonicalize()
+        .map_err(|e| EngineError::io(contract_path, e))?
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(".")))
+}
+
+/// The workspace as agent tools see it: keel's store directory is denied to them too.
+fn agent_workspace(workspace: &Path) -> Result<keel_tools::Workspace, EngineError> {
+    keel_tools::Workspace::new(workspace, &[]).map_err(|e| EngineError::Usage(e.to_string()))
 }
 
 /// The workspace a contract names (relative to the contract's directory), checked to be inside
@@ -360,6 +456,13 @@ pub fn resume(
             })?;
     let contract = Contract::parse(&run.contract_file, &source)?;
     let env = open_environment(store, Path::new(&run.workspace))?;
+    let contract_dir = Path::new(&run.contract_file)
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let choice = run.driver.clone().unwrap_or_default();
+    let driver = make_driver(&contract, &contract_dir, &choice)?;
+    let tools = agent_workspace(Path::new(&run.workspace))?;
     let mut engine = Engine {
         store,
         contract,
@@ -367,8 +470,14 @@ pub fn resume(
         lease,
         env,
         observer,
+        tools,
+        driver,
     };
-    if let Some(p) = engine.run.in_progress.clone() {
+    // An interrupted command step is rolled back here; an interrupted agent step continues
+    // from what it recorded when the run is driven.
+    if let Some(p) = engine.run.in_progress.clone()
+        && !p.agent
+    {
         engine.recover(p.step)?;
     }
     engine.commit(vec![EventBody::Resumed {
@@ -830,6 +939,10 @@ impl Engine<'_> {
         loop {
             match self.run.next() {
                 Next::Stop => return Ok(()),
+                Next::Recover(step) if self.is_agent_phase(step.phase) => {
+                    self.agent_step(step)?;
+                    self.after_step()?;
+                }
                 Next::Recover(step) => self.recover(step)?,
                 Next::Checkpoint => self.checkpoint()?,
                 Next::Step(step) => {
@@ -837,10 +950,16 @@ impl Engine<'_> {
                         self.block_budget(stop)?;
                         continue;
                     }
-                    self.step(step)?;
-                    if let Some(stop) = self.run.budget_stop_after_step() {
-                        self.block_budget(stop)?;
+                    if self.is_agent_phase(step.phase) {
+                        self.agent_step(step)?;
+                    } else {
+                        self.step(step)?;
                     }
+                    self.after_step()?;
+                }
+                Next::VerifyPhase(phase) if self.is_agent_phase(phase) => {
+                    self.verify_agent_claim(phase)?;
+                    self.after_step()?;
                 }
                 Next::VerifyPhase(phase) => self.verify_phase(phase)?,
                 Next::Accept => self.accept()?,
@@ -851,6 +970,21 @@ impl Engine<'_> {
                 )?,
             }
         }
+    }
+
+    fn is_agent_phase(&self, phase: u32) -> bool {
+        self.run.phases.get(phase as usize).is_some_and(|p| p.agent)
+    }
+
+    /// Budgets a step may have gone over stop the run (if it is still going).
+    fn after_step(&mut self) -> Result<(), EngineError> {
+        if self.run.state.needs_human() || self.run.state.is_terminal() {
+            return Ok(());
+        }
+        if let Some(stop) = self.run.budget_stop_after_step() {
+            self.block_budget(stop)?;
+        }
+        Ok(())
     }
 
     fn set_state(
@@ -888,6 +1022,9 @@ impl Engine<'_> {
                 PhaseKind::Command { run, timeout_ms } => {
                     (p.name.clone(), run.clone(), *timeout_ms, p.gate.clone())
                 }
+                PhaseKind::Agent { timeout_ms, .. } => {
+                    (p.name.clone(), Vec::new(), *timeout_ms, p.gate.clone())
+                }
             },
             None => (String::new(), Vec::new(), 0, Vec::new()),
         }
@@ -924,6 +1061,7 @@ impl Engine<'_> {
             step: id,
             attempt,
             command: command.clone(),
+            agent: false,
         });
         self.commit(bodies)?;
         self.observer.progress(
@@ -963,6 +1101,7 @@ impl Engine<'_> {
         };
         self.commit(vec![EventBody::StepFinished {
             step: id,
+            signature: None,
             status: outcome.status.clone(),
             success: outcome.success,
             duration_ms: outcome.duration_ms,
@@ -1026,6 +1165,7 @@ impl Engine<'_> {
             error_fingerprint: fp,
             excerpt,
             rolled_back,
+            kept: false,
         }])
     }
 
@@ -1116,6 +1256,13 @@ impl Engine<'_> {
         .map_err(|e| EngineError::io(&out, e))?;
         fault::point("verifier ended");
         let output = self.store.artifacts().put_file(&out)?;
+        // A failure carries the part of its output that says what failed, for the driver.
+        let excerpt = (!outcome.success).then(|| {
+            keel_core::run::cut(
+                &keel_core::context::compact_failure(&read_tail(&out), EXCERPT_LINES),
+                EXCERPT_BYTES,
+            )
+        });
         let _ = std::fs::remove_file(&out);
         let evidence = Evidence {
             n: self.run.evidence_count + 1,
@@ -1131,6 +1278,7 @@ impl Engine<'_> {
             fingerprint: judged.hash(),
             step,
             phase,
+            excerpt,
         };
         self.commit(vec![EventBody::EvidenceRecorded {
             evidence: evidence.clone(),
@@ -1358,6 +1506,32 @@ impl Engine<'_> {
                 self.set_state(
                     RunState::Executing,
                     &format!("resumed by a person to run verifier `{verifier}` again"),
+                    None,
+                )?;
+                Ok(true)
+            }
+            Some(Block::Driver { category, .. }) => {
+                self.set_state(
+                    RunState::Executing,
+                    &format!("resumed by a person after the driver stopped ({category})"),
+                    None,
+                )?;
+                Ok(true)
+            }
+            Some(Block::DriverFailed { .. }) => {
+                self.set_state(
+                    RunState::Executing,
+                    "resumed by a person: asking the driver again",
+                    None,
+                )?;
+                Ok(true)
+            }
+            Some(Block::Loop { kind }) => {
+                self.set_state(
+                    RunState::Executing,
+                    &format!(
+                        "resumed by a person after a loop ({kind}); the approach stays rejected"
+                    ),
                     None,
                 )?;
                 Ok(true)

@@ -312,6 +312,21 @@ impl Git {
     ///
     /// Submodules (gitlinks) are left as they are.
     pub fn restore_worktree(&self, tree: &str) -> Result<Vec<String>, GitError> {
+        self.restore_where(tree, |_| true)
+    }
+
+    /// Like [`Git::restore_worktree`], but only for `paths` (workspace-relative): each is made
+    /// as it is in `tree` (written, or deleted when `tree` does not have it); every other file is
+    /// left alone. Returns the paths it changed.
+    pub fn restore_paths(&self, tree: &str, paths: &[String]) -> Result<Vec<String>, GitError> {
+        self.restore_where(tree, |p| paths.iter().any(|q| q == p))
+    }
+
+    fn restore_where(
+        &self,
+        tree: &str,
+        wanted: impl Fn(&str) -> bool,
+    ) -> Result<Vec<String>, GitError> {
         check_rev("tree", tree)?;
         let current = self.worktree_tree()?;
 
@@ -330,7 +345,7 @@ impl Git {
         // Deletions first, so that a directory that becomes a file (or the reverse) is free.
         for entry in &entries {
             let submodule = entry.old_mode == GITLINK_MODE || entry.new_mode == GITLINK_MODE;
-            if submodule {
+            if submodule || !wanted(&entry.path) {
                 continue;
             }
             if entry.status == 'D' {

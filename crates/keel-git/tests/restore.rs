@@ -240,3 +240,25 @@ fn paths_with_spaces_and_non_ascii_round_trip_through_restore() {
     assert!(!repo.exists("новый файл.txt"));
     assert_eq!(git.worktree_tree().unwrap(), recorded);
 }
+
+#[test]
+fn restore_paths_touches_only_the_named_paths() {
+    let repo = Repo::with_commit(&[("keep.txt", "base\n"), ("undo.txt", "base\n")]);
+    let git = repo.open(&[]);
+    let base = git.worktree_tree().unwrap();
+    repo.write("keep.txt", "changed and kept\n");
+    repo.write("undo.txt", "changed and undone\n");
+    repo.write("new-undone.txt", "new\n");
+    repo.write("new-kept.txt", "new\n");
+    let changed = git
+        .restore_paths(
+            &base,
+            &["undo.txt".to_string(), "new-undone.txt".to_string()],
+        )
+        .unwrap();
+    assert_eq!(changed, ["new-undone.txt", "undo.txt"]);
+    assert_eq!(repo.read("undo.txt"), "base\n");
+    assert!(!repo.exists("new-undone.txt"));
+    assert_eq!(repo.read("keep.txt"), "changed and kept\n");
+    assert!(repo.exists("new-kept.txt"));
+}

@@ -28,11 +28,13 @@ fn created(id: &str) -> (Event, Run) {
             phases: vec![PhaseOutline {
                 name: "p".into(),
                 commands: vec!["true".into()],
+                agent: false,
             }],
             acceptance: vec!["a".into()],
             limits: BudgetLimits::default(),
             base: Fingerprint::default(),
             keel_version: "0".into(),
+            driver: None,
         },
     };
     let run = Run::create(&e).unwrap();
@@ -219,6 +221,7 @@ fn projections_follow_the_events() {
                 step,
                 attempt: 1,
                 command: "true".into(),
+                agent: false,
             },
         ],
     );

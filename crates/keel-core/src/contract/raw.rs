@@ -107,6 +107,25 @@ pub(super) struct RawDriver {
     /// The recorded actions to replay; required for kind = "script".
     #[schemars(with = "Option<String>")]
     pub script: Option<Spanned<String>>,
+    /// The most tokens one model reply may have. Default 4096.
+    #[schemars(with = "Option<i64>", range(min = 1))]
+    pub max_output_tokens: Option<Spanned<i64>>,
+    /// How long one model call (or one run of a command driver) may take, e.g. "120s".
+    /// Default 120s for models, 30m for a command driver.
+    #[schemars(with = "Option<String>")]
+    pub timeout: Option<Spanned<String>>,
+    /// How often a model call is retried on 429, 5xx and timeouts. Default 4.
+    #[schemars(with = "Option<i64>", range(min = 0))]
+    pub max_retries: Option<Spanned<i64>>,
+    /// The first wait before a retry (doubling each time, with jitter), e.g. "500ms".
+    #[schemars(with = "Option<String>")]
+    pub retry_backoff: Option<Spanned<String>>,
+    /// Price of a million input tokens in dollars, for models keel has no price for.
+    #[schemars(with = "Option<f64>")]
+    pub input_usd_per_mtok: Option<Spanned<Dollars>>,
+    /// Price of a million output tokens in dollars.
+    #[schemars(with = "Option<f64>")]
+    pub output_usd_per_mtok: Option<Spanned<Dollars>>,
 }
 
 /// `[scope]`: which paths may be written and which commands run. Path globs match whole
@@ -236,25 +255,27 @@ pub(super) struct RawPhase {
     /// Unique among phases: lowercase letters, digits, "_" and "-", 1 to 64 characters.
     #[schemars(with = "String", regex(pattern = r"^[a-z0-9_-]{1,64}$"))]
     pub name: Spanned<String>,
-    /// What the phase does. Only "command" is supported yet.
+    /// What the phase does: "command" (fixed commands) or "agent" (a driver chooses).
     #[schemars(with = "RawPhaseKind")]
     pub kind: Spanned<RawPhaseKind>,
     /// Command phases: the shell commands to run, in order. Required, not empty.
     #[schemars(with = "Option<Vec<String>>", length(min = 1))]
     pub run: Option<Spanned<Vec<Spanned<String>>>>,
-    /// Command phases: how long each command may run, e.g. "10m" (the default).
+    /// How long each command (command phases) or each `run` tool call (agent phases) may run,
+    /// e.g. "10m" (the default).
     #[schemars(with = "Option<String>", extend("default" = "10m"))]
     pub timeout: Option<Spanned<String>>,
     /// Verifier names that must pass before the phase is done. Default: every verifier with
     /// tier = "phase".
     #[schemars(with = "Option<Vec<String>>")]
     pub done_when: Option<Vec<Spanned<String>>>,
-    /// Agent phases: what the driver must achieve in this phase (not supported yet).
+    /// Agent phases: what the driver must achieve in this phase. Required for agent phases.
     #[schemars(with = "Option<String>")]
     pub objective: Option<Spanned<String>>,
-    /// Agent phases: the tools the driver may use (not supported yet).
+    /// Agent phases: the built-in tools the driver may use. Default: all of read, list,
+    /// search, write, patch, run, plan, note, finish, blocked.
     #[schemars(with = "Option<Vec<String>>")]
-    pub tools: Option<Spanned<Vec<String>>>,
+    pub tools: Option<Spanned<Vec<Spanned<String>>>>,
     /// Ask a human before the phase runs (not supported yet; only false is accepted).
     #[schemars(with = "Option<bool>")]
     pub approval: Option<Spanned<bool>>,

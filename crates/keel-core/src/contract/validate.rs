@@ -97,6 +97,22 @@ impl Validator<'_, '_> {
             );
         }
 
+        if let Some(None) = &driver {
+            for p in &phase {
+                if *p.get_ref().kind.get_ref() == RawPhaseKind::Agent {
+                    self.d.at(
+                        &p.get_ref().kind.span(),
+                        format!(
+                            "agent phase \"{}\" needs a [driver]: add a [driver] table with kind = \
+                             \"openai\", \"anthropic\", \"command\" or \"script\"",
+                            p.get_ref().name.get_ref()
+                        ),
+                    );
+                    return None;
+                }
+            }
+        }
+
         Some(Contract {
             hash: blake3::hash(source.as_bytes()).to_hex().to_string(),
             source: source.to_string(),
@@ -179,6 +195,12 @@ impl Validator<'_, '_> {
             context_tokens,
             command,
             script,
+            max_output_tokens,
+            timeout,
+            max_retries,
+            retry_backoff,
+            input_usd_per_mtok,
+            output_usd_per_mtok,
         } = raw;
         let kind_span = kind.span();
         let kind = kind.into_inner();
@@ -257,7 +279,56 @@ impl Validator<'_, '_> {
                 _ => {}
             }
         }
-        ok.then(|| Driver {
+        let max_output_tokens = match &max_output_tokens {
+            Some(n) => self.positive("max_output_tokens", n),
+            None => Some(4096),
+        };
+        let default_timeout = if kind == DriverKind::Command {
+            30 * 60 * 1000
+        } else {
+            120 * 1000
+        };
+        let timeout_ms = match &timeout {
+            Some(t) => self.duration("the driver timeout", t),
+            None => Some(default_timeout),
+        };
+        let max_retries = match &max_retries {
+            Some(n) if *n.get_ref() < 0 => {
+                self.d.at(
+                    &n.span(),
+                    format!(
+                        "max_retries is {}; it counts retries, so 0 or more",
+                        n.get_ref()
+                    ),
+                );
+                None
+            }
+            Some(n) => Some(u32::try_from(*n.get_ref()).unwrap_or(u32::MAX)),
+            None => Some(4),
+        };
+        let retry_backoff_ms = match &retry_backoff {
+            Some(t) => self.duration("retry_backoff", t),
+            None => Some(500),
+        };
+        let price = match (&input_usd_per_mtok, &output_usd_per_mtok) {
+            (None, None) => Some(None),
+            (Some(i), Some(o)) => match (
+                self.price("input_usd_per_mtok", i),
+                self.price("output_usd_per_mtok", o),
+            ) {
+                (Some(i), Some(o)) => Some(Some((i, o))),
+                _ => None,
+            },
+            (Some(one), None) | (None, Some(one)) => {
+                self.d.at(
+                    &one.span(),
+                    "give both input_usd_per_mtok and output_usd_per_mtok, or neither",
+                );
+                None
+            }
+        };
+        ok.then_some(())?;
+        Some(Driver {
             kind,
             model: model.map(Spanned::into_inner),
             base_url: base_url.map(Spanned::into_inner),
@@ -265,7 +336,25 @@ impl Validator<'_, '_> {
             context_tokens,
             command: command.map(Spanned::into_inner),
             script: script.map(Spanned::into_inner),
+            max_output_tokens: max_output_tokens?,
+            timeout_ms: timeout_ms?,
+            max_retries: max_retries?,
+            retry_backoff_ms: retry_backoff_ms?,
+            price: price?,
         })
+    }
+
+    /// A price per million tokens: zero or more dollars, as micro-dollars.
+    fn price(&mut self, what: &str, value: &Spanned<Dollars>) -> Option<u64> {
+        let Dollars(dollars) = *value.get_ref();
+        if !dollars.is_finite() || dollars < 0.0 {
+            self.d.at(
+                &value.span(),
+                format!("{what} is {dollars}; write a price in dollars like 0.15 (0 for free)"),
+            );
+            return None;
+        }
+        Some((dollars * 1_000_000.0).round() as u64)
     }
 
     fn scope(&mut self, raw: Option<RawScope>) -> Option<Scope> {
@@ -601,19 +690,59 @@ impl Validator<'_, '_> {
         }
         let kind = *phase.kind.get_ref();
         match kind {
-            RawPhaseKind::Agent | RawPhaseKind::Approval => {
-                let name = match kind {
-                    RawPhaseKind::Agent => "agent",
-                    _ => "approval",
-                };
+            RawPhaseKind::Approval => {
                 self.d.at(
                     &phase.kind.span(),
-                    format!(
-                        "phase kind \"{name}\" is not supported yet: this version of keel runs \
-                         only kind = \"command\" phases"
-                    ),
+                    "phase kind \"approval\" is not supported yet: this version of keel runs \
+                     kind = \"command\" and kind = \"agent\" phases",
                 );
                 None
+            }
+            RawPhaseKind::Agent => {
+                let name = phase.name.get_ref();
+                if let Some(run) = &phase.run {
+                    self.d.at(
+                        &run.span(),
+                        "run is only for command phases; an agent phase's driver chooses its \
+                         commands (through the `run` tool)",
+                    );
+                    ok = false;
+                }
+                let objective = match &phase.objective {
+                    Some(o) if !o.get_ref().trim().is_empty() => {
+                        Some(o.get_ref().trim().to_string())
+                    }
+                    Some(o) => {
+                        self.d.at(
+                            &o.span(),
+                            "the objective is empty; say what this phase must achieve",
+                        );
+                        None
+                    }
+                    None => {
+                        self.d.at(
+                            &header,
+                            format!(
+                                "agent phase \"{name}\" has no objective; add objective = \"<what \
+                                 the driver must achieve>\""
+                            ),
+                        );
+                        None
+                    }
+                };
+                let tools = self.agent_tools(phase);
+                let timeout_ms =
+                    self.timeout(&format!("the timeout of phase \"{name}\""), &phase.timeout);
+                match (objective, tools, timeout_ms) {
+                    (Some(objective), Some(tools), Some(timeout_ms)) if ok => {
+                        Some(PhaseKind::Agent {
+                            objective,
+                            tools,
+                            timeout_ms,
+                        })
+                    }
+                    _ => None,
+                }
             }
             RawPhaseKind::Command => {
                 if let Some(objective) = &phase.objective {
@@ -643,6 +772,56 @@ impl Validator<'_, '_> {
                 }
             }
         }
+    }
+
+    /// The tools of an agent phase: built-in names, each once; all of them when absent.
+    fn agent_tools(&mut self, phase: &RawPhase) -> Option<Vec<String>> {
+        let Some(tools) = &phase.tools else {
+            return Some(
+                crate::tools::BUILTIN
+                    .iter()
+                    .map(|t| t.to_string())
+                    .collect(),
+            );
+        };
+        let mut out: Vec<String> = Vec::new();
+        let mut ok = true;
+        for tool in tools.get_ref() {
+            let name = tool.get_ref();
+            if crate::tools::NOT_YET.contains(&name.as_str()) {
+                self.d.at(
+                    &tool.span(),
+                    format!("the `{name}` tool is not supported yet; remove it from tools"),
+                );
+                ok = false;
+            } else if !crate::tools::BUILTIN.contains(&name.as_str()) {
+                self.d.at(
+                    &tool.span(),
+                    format!(
+                        "there is no tool \"{name}\"; the tools are {}",
+                        quoted(&crate::tools::BUILTIN)
+                    ),
+                );
+                ok = false;
+            } else if out.contains(name) {
+                self.d.at(
+                    &tool.span(),
+                    format!("tool \"{name}\" is listed twice; list it once"),
+                );
+                ok = false;
+            } else {
+                out.push(name.clone());
+            }
+        }
+        if ok && !out.iter().any(|t| t == "finish") {
+            self.d.at(
+                &tools.span(),
+                "an agent phase needs the `finish` tool: it is how the driver claims the phase \
+                 is done",
+            );
+            ok = false;
+        }
+        ok.then_some(out)
     }
 
     fn phase_run(&mut self, header: Range<usize>, phase: &RawPhase) -> Option<Vec<String>> {

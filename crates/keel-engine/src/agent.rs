@@ -1,0 +1,874 @@
+//! Agent steps: one driver decision and the tool calls it makes, each checked by policy before
+//! it runs and recorded before and after. A step interrupted by a crash continues from what is
+//! recorded: a recorded reply is not asked for again, a finished call is not made again, and a
+//! call that was allowed but not finished is rolled back to the tree it started from and made
+//! again (every built-in tool acts only on the workspace).
+
+use std::time::Duration;
+
+use keel_core::agent::{ModelReply, Reversibility, ToolCall, ToolSpec};
+use keel_core::budget::BudgetName;
+use keel_core::context::{self, compact_failure};
+use keel_core::contract::{PhaseKind, Tier, Verifier};
+use keel_core::errorfp::error_fingerprint;
+use keel_core::event::{Block, Decision, EventBody, StepId};
+use keel_core::run::cut;
+use keel_core::state::RunState;
+use keel_core::tools;
+use keel_tools::ToolError;
+
+use crate::driver::{DriverError, SendContext};
+use crate::{Engine, EngineError, Progress, process};
+
+/// How much of a call's arguments an event keeps (the whole reply is an artifact).
+const ARGUMENT_BYTES: usize = 4096;
+/// How much of a `run` call's output the driver reads.
+const RUN_OUTPUT_BYTES: usize = 6000;
+
+/// What the policy check concluded about one call.
+struct Verdict {
+    decision: Decision,
+    rule: String,
+    reversibility: Reversibility,
+    /// The parsed arguments, when they parsed.
+    args: serde_json::Value,
+}
+
+/// A tool call's outcome before it is recorded.
+struct Outcome {
+    ok: bool,
+    observation: String,
+    full: Option<Vec<u8>>,
+    changed: Vec<String>,
+    error: Option<String>,
+    /// Events the call adds beside its `tool_call_finished` (plan, note, finish).
+    extra: Vec<EventBody>,
+}
+
+impl Outcome {
+    fn ok(observation: String) -> Outcome {
+        Outcome {
+            ok: true,
+            observation,
+            full: None,
+            changed: Vec::new(),
+            error: None,
+            extra: Vec::new(),
+        }
+    }
+}
+
+impl Engine<'_> {
+    fn agent_phase(&self, phase: u32) -> (String, Vec<String>, u64) {
+        match self.contract.phases.get(phase as usize).map(|p| &p.kind) {
+            Some(PhaseKind::Agent {
+                objective,
+                tools,
+                timeout_ms,
+            }) => (objective.clone(), tools.clone(), *timeout_ms),
+            _ => (String::new(), Vec::new(), 0),
+        }
+    }
+
+    /// Runs (or continues, after a crash) the agent step `id`.
+    pub(crate) fn agent_step(&mut self, id: StepId) -> Result<(), EngineError> {
+        let (objective, tool_names, timeout_ms) = self.agent_phase(id.phase);
+        let specs: Vec<ToolSpec> = tool_names
+            .iter()
+            .filter_map(|t| tools::builtin(t))
+            .collect();
+        if self.run.in_progress.is_none() {
+            let mut bodies = Vec::new();
+            if self.run.state != RunState::Executing {
+                bodies.push(self.state_change(
+                    RunState::Executing,
+                    "working on the next step",
+                    None,
+                ));
+            }
+            let phase = &self.run.phases[id.phase as usize];
+            if phase.steps.is_empty() {
+                let name = phase.name.clone();
+                self.observer.progress(
+                    &self.run,
+                    Progress::Phase {
+                        index: id.phase,
+                        count: self.run.phases.len() as u32,
+                        name: &name,
+                    },
+                );
+                bodies.push(EventBody::PhaseStarted {
+                    phase: id.phase,
+                    name,
+                });
+            }
+            bodies.push(EventBody::StepStarted {
+                step: id,
+                attempt: 1,
+                command: format!("agent step {}", id.index + 1),
+                agent: true,
+            });
+            self.commit(bodies)?;
+        }
+        let driver_label = self.driver_label();
+        self.observer.progress(
+            &self.run,
+            Progress::Step {
+                step: id,
+                steps: 0,
+                attempt: 1,
+                command: &driver_label,
+            },
+        );
+        let Some(reply) = self.decide(id, &objective, &specs)? else {
+            return Ok(());
+        };
+        let mut blocked_by_driver = None;
+        let mut finished = false;
+        let mut outcomes = Vec::new();
+        for (i, call) in reply.calls.iter().enumerate() {
+            let i = i as u32;
+            let recorded = self
+                .run
+                .in_progress
+                .as_ref()
+                .and_then(|p| p.calls.get(i as usize))
+                .cloned();
+            let verdict = self.check(call, &tool_names, &specs, finished);
+            match recorded {
+                Some(c) if c.finished || c.decision != Decision::Allow => {}
+                Some(c) => {
+                    // Allowed before a crash but not recorded as finished: undo what it may have
+                    // done, then make it again.
+                    if let Some(pre) = &c.pre_tree
+                        && self.env.git.worktree_tree()? != *pre
+                    {
+                        self.env.git.restore_worktree(pre)?;
+                    }
+                    self.execute(id, i, call, &verdict, timeout_ms)?;
+                }
+                None => {
+                    let pre_tree = match (verdict.decision, verdict.reversibility) {
+                        (Decision::Allow, Reversibility::Reversible) => {
+                            Some(self.env.git.worktree_tree()?)
+                        }
+                        _ => None,
+                    };
+                    let error_fingerprint = (verdict.decision == Decision::Deny).then(|| {
+                        error_fingerprint(&format!("policy {}", call.name), "denied", &verdict.rule)
+                            .0
+                    });
+                    self.commit(vec![EventBody::PolicyDecision {
+                        step: id,
+                        call: i,
+                        tool: call.name.clone(),
+                        arguments: cut(&call.arguments, ARGUMENT_BYTES),
+                        decision: verdict.decision,
+                        rule: verdict.rule.clone(),
+                        reversibility: verdict.reversibility,
+                        pre_tree,
+                        error_fingerprint,
+                    }])?;
+                    fault_point("policy decided");
+                    if verdict.decision == Decision::Allow {
+                        self.execute(id, i, call, &verdict, timeout_ms)?;
+                    }
+                }
+            }
+            if verdict.decision == Decision::Allow {
+                match call.name.as_str() {
+                    "finish" => finished = true,
+                    "blocked" => {
+                        blocked_by_driver = Some((
+                            verdict.args["category"]
+                                .as_str()
+                                .unwrap_or("other")
+                                .to_string(),
+                            verdict.args["reason"].as_str().unwrap_or("").to_string(),
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+            outcomes.push(format!(
+                "{}:{}:{:?}",
+                call.name,
+                call.arguments,
+                self.run.observations.last().map(|o| &o.text)
+            ));
+        }
+        self.finish_agent_step(id, &outcomes)?;
+        if let Some((category, reason)) = blocked_by_driver {
+            let text = format!("the driver stopped the run ({category}): {reason}");
+            self.set_state(
+                RunState::Blocked,
+                &text,
+                Some(Block::Driver { category, reason }),
+            )?;
+            return Ok(());
+        }
+        if let Some(pattern) = self.run.loop_detected() {
+            self.block_loop(id, pattern)?;
+        }
+        Ok(())
+    }
+
+    fn driver_label(&self) -> String {
+        match &self.contract.driver {
+            Some(d) => match &d.model {
+                Some(m) => format!("{} {m}", d.kind),
+                None => d.kind.to_string(),
+            },
+            None => "driver".into(),
+        }
+    }
+
+    /// The driver's reply for this step: recorded, or asked for now (re-sending the recorded
+    /// request after a crash). `None` when the run stopped instead.
+    fn decide(
+        &mut self,
+        id: StepId,
+        objective: &str,
+        specs: &[ToolSpec],
+    ) -> Result<Option<ModelReply>, EngineError> {
+        if let Some(reply) = self.run.in_progress.as_ref().and_then(|p| p.reply.clone()) {
+            return Ok(Some(reply));
+        }
+        let recorded = self
+            .run
+            .in_progress
+            .as_ref()
+            .and_then(|p| p.request.clone());
+        let request = match recorded {
+            Some(hash) => {
+                // A delegated program may have half-changed the workspace before the crash.
+                let pre = self.run.in_progress.as_ref().map(|p| p.pre.tree.clone());
+                if let Some(pre) = pre
+                    && self.env.git.worktree_tree()? != pre
+                {
+                    self.env.git.restore_worktree(&pre)?;
+                }
+                self.store.artifacts().read(&hash, usize::MAX)?
+            }
+            None => {
+                let limit = self
+                    .contract
+                    .driver
+                    .as_ref()
+                    .map_or(keel_core::contract::DEFAULT_CONTEXT_TOKENS, |d| {
+                        d.context_budget()
+                    });
+                let driver = self
+                    .driver
+                    .as_ref()
+                    .ok_or_else(|| EngineError::Usage("an agent phase needs a [driver]".into()))?;
+                let prompt = match context::assemble(
+                    &self.contract,
+                    &self.run,
+                    id.phase as usize,
+                    objective,
+                    specs,
+                    driver.counter(),
+                    limit,
+                ) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        self.fail_driver(id, &e.to_string())?;
+                        return Ok(None);
+                    }
+                };
+                let bytes = driver.request(&prompt, specs);
+                let hash = self.store.artifacts().put(&bytes)?;
+                self.commit(vec![EventBody::ModelRequested {
+                    step: id,
+                    request: hash,
+                    prompt_tokens: prompt.tokens,
+                    context_tokens: limit,
+                }])?;
+                bytes
+            }
+        };
+        fault_point("model request recorded");
+        let ctx = SendContext {
+            workspace: &self.env.workspace,
+            tmp: &self.env.tmp,
+            run_id: &self.run.id,
+            step: id.to_string(),
+            call_no: self.run.model_calls + 1,
+        };
+        let Some(driver) = self.driver.as_mut() else {
+            return Err(EngineError::Usage("an agent phase needs a [driver]".into()));
+        };
+        let exchange = match driver.send(&request, &ctx) {
+            Ok(x) => x,
+            Err(DriverError(message)) => {
+                self.fail_driver(id, &message)?;
+                return Ok(None);
+            }
+        };
+        fault_point("model replied");
+        let reply = driver
+            .parse(&exchange.response)
+            .unwrap_or_else(|problem| ModelReply {
+                text: Some(format!("(keel could not read this reply: {problem})")),
+                calls: Vec::new(),
+                usage: Default::default(),
+                stop_reason: None,
+            });
+        let cost = driver.cost(reply.usage);
+        let response = self.store.artifacts().put(&exchange.response)?;
+        self.commit(vec![EventBody::ModelReplied {
+            step: id,
+            response,
+            usage: reply.usage,
+            reply: reply.clone(),
+            cost_micro_usd: cost,
+            retries: exchange.retries,
+            duration_ms: exchange.duration_ms,
+        }])?;
+        Ok(Some(reply))
+    }
+
+    /// The driver could not answer: the step ends failed and the run is blocked with why.
+    fn fail_driver(&mut self, id: StepId, message: &str) -> Result<(), EngineError> {
+        let (fp, _) = error_fingerprint("driver", "failed", message);
+        let reason = format!("the driver could not decide: {message}");
+        self.commit(vec![
+            EventBody::StepFailed {
+                step: id,
+                reason: reason.clone(),
+                error_fingerprint: fp,
+                excerpt: cut(message, 500),
+                rolled_back: Vec::new(),
+                kept: true,
+            },
+            self.state_change_after_fail(&reason, message),
+        ])
+    }
+
+    fn state_change_after_fail(&self, reason: &str, message: &str) -> EventBody {
+        EventBody::StateChanged {
+            from: self.run.state,
+            to: RunState::Blocked,
+            reason: reason.to_string(),
+            block: Some(Block::DriverFailed {
+                message: message.to_string(),
+            }),
+        }
+    }
+
+    /// The policy check of one call: nothing runs that this does not allow.
+    fn check(
+        &self,
+        call: &ToolCall,
+        phase_tools: &[String],
+        specs: &[ToolSpec],
+        after_finish: bool,
+    ) -> Verdict {
+        let deny = |rule: String, reversibility| Verdict {
+            decision: Decision::Deny,
+            rule,
+            reversibility,
+            args: serde_json::Value::Null,
+        };
+        let Some(spec) = tools::builtin(&call.name) else {
+            return deny(
+                format!(
+                    "there is no tool `{}`; the tools of this phase are {}",
+                    call.name,
+                    phase_tools.join(", ")
+                ),
+                Reversibility::Irreversible,
+            );
+        };
+        let class = spec.reversibility;
+        if !specs.iter().any(|s| s.name == call.name) {
+            return deny(
+                format!(
+                    "tool `{}` is not allowed in this phase; its tools are {}",
+                    call.name,
+                    phase_tools.join(", ")
+                ),
+                class,
+            );
+        }
+        if after_finish {
+            return deny(
+                "a call after finish in the same reply is not made: finish ends the step".into(),
+                class,
+            );
+        }
+        let args: serde_json::Value = match serde_json::from_str(&call.arguments) {
+            Ok(v) => v,
+            Err(e) => {
+                return deny(
+                    format!("the arguments are not valid JSON ({e}); send a JSON object"),
+                    class,
+                );
+            }
+        };
+        let problems = tools::check_arguments(&spec.parameters, &args);
+        if !problems.is_empty() {
+            return deny(
+                format!("the arguments do not fit the tool: {}", problems.join("; ")),
+                class,
+            );
+        }
+        let scope = &self.contract.scope;
+        let path_rule = |path: &str, for_write: bool| -> Option<String> {
+            match self.tools.resolve(path, for_write) {
+                Err(e) => Some(e.to_string()),
+                Ok(r) if for_write && scope.is_forbidden(&r.rel) => Some(format!(
+                    "`{}` is forbidden by the contract's scope (forbidden: {})",
+                    r.rel,
+                    scope.forbidden.join(", ")
+                )),
+                Ok(r) if for_write && !scope.is_writable(&r.rel) => Some(format!(
+                    "`{}` is outside the writable scope (writable: {})",
+                    r.rel,
+                    scope.writable.join(", ")
+                )),
+                Ok(_) => None,
+            }
+        };
+        let path_arg = |key: &str| args.get(key).and_then(serde_json::Value::as_str);
+        let problem = match call.name.as_str() {
+            "read" => path_arg("path").and_then(|p| path_rule(p, false)),
+            "list" => path_rule(path_arg("path").unwrap_or("."), false),
+            "search" => path_arg("path").and_then(|p| path_rule(p, false)),
+            "write" => path_arg("path").and_then(|p| path_rule(p, true)),
+            "patch" => match self.tools.patch_paths(path_arg("diff").unwrap_or("")) {
+                Err(e) => Some(e.to_string()),
+                Ok(paths) => paths.iter().find_map(|p| path_rule(p, true)),
+            },
+            "run" => {
+                let command = path_arg("command").unwrap_or("");
+                (!scope.command_allowed(command)).then(|| {
+                    format!(
+                        "command `{}` is not allowed by the contract's scope (commands: {})",
+                        cut(command, 200),
+                        scope.commands.join(", ")
+                    )
+                })
+            }
+            _ => None,
+        };
+        if let Some(rule) = problem {
+            return deny(rule, class);
+        }
+        let writes = matches!(call.name.as_str(), "write" | "patch" | "run");
+        for (budget, applies) in [(BudgetName::ToolCalls, true), (BudgetName::Writes, writes)] {
+            if let Some(limit) = self.run.limits.get(budget)
+                && applies
+                && self.run.used(budget) >= limit
+            {
+                return deny(
+                    format!(
+                        "budget `{budget}` exhausted: used {} of {}",
+                        budget.format_amount(self.run.used(budget)),
+                        budget.format_amount(limit)
+                    ),
+                    class,
+                );
+            }
+        }
+        Verdict {
+            decision: Decision::Allow,
+            rule: format!("`{}` is allowed in this phase and within scope", call.name),
+            reversibility: class,
+            args,
+        }
+    }
+
+    /// Makes one allowed call and records its outcome.
+    fn execute(
+        &mut self,
+        id: StepId,
+        i: u32,
+        call: &ToolCall,
+        verdict: &Verdict,
+        timeout_ms: u64,
+    ) -> Result<(), EngineError> {
+        let outcome = self.make(id, call, &verdict.args, timeout_ms)?;
+        fault_point("tool call made");
+        let output = match &outcome.full {
+            Some(bytes) if bytes.len() > outcome.observation.len() => {
+                Some(self.store.artifacts().put(bytes)?)
+            }
+            _ => None,
+        };
+        let mut bodies = outcome.extra;
+        bodies.push(EventBody::ToolCallFinished {
+            step: id,
+            call: i,
+            ok: outcome.ok,
+            observation: outcome.observation,
+            output,
+            changed: outcome.changed,
+            error_fingerprint: outcome.error,
+        });
+        self.commit(bodies)
+    }
+
+    fn make(
+        &mut self,
+        id: StepId,
+        call: &ToolCall,
+        args: &serde_json::Value,
+        timeout_ms: u64,
+    ) -> Result<Outcome, EngineError> {
+        let s = |key: &str| args.get(key).and_then(serde_json::Value::as_str);
+        let n = |key: &str| args.get(key).and_then(serde_json::Value::as_u64);
+        let result = match call.name.as_str() {
+            "read" => self
+                .tools
+                .read(s("path").unwrap_or(""), n("offset"), n("limit")),
+            "list" => self
+                .tools
+                .list(s("path").unwrap_or("."), n("depth").map(|d| d as u32)),
+            "search" => self.tools.search(
+                s("pattern").unwrap_or(""),
+                s("path"),
+                n("max_results").map(|d| d as u32),
+            ),
+            "write" => self
+                .tools
+                .write(s("path").unwrap_or(""), s("content").unwrap_or("")),
+            "patch" => self.tools.patch(s("diff").unwrap_or("")),
+            "run" => {
+                return self.run_tool(
+                    id,
+                    s("command").unwrap_or(""),
+                    n("timeout_seconds"),
+                    timeout_ms,
+                );
+            }
+            "plan" => {
+                let items: Vec<String> = args["items"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|v| v.as_str().map(str::to_string))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let mut o = Outcome::ok(format!(
+                    "plan updated (version {}, {} items)",
+                    self.run.plan_version + 1,
+                    items.len()
+                ));
+                o.extra.push(EventBody::PlanUpdated { step: id, items });
+                return Ok(o);
+            }
+            "note" => {
+                let mut o = Outcome::ok("noted".into());
+                o.extra.push(EventBody::NoteAdded {
+                    step: id,
+                    text: s("text").unwrap_or("").to_string(),
+                });
+                return Ok(o);
+            }
+            "finish" => {
+                let mut o = Outcome::ok(
+                    "finish claimed: keel runs the verifiers; only passing evidence ends the phase"
+                        .into(),
+                );
+                o.extra.push(EventBody::FinishClaimed {
+                    step: id,
+                    summary: s("summary").unwrap_or("").to_string(),
+                });
+                return Ok(o);
+            }
+            "blocked" => {
+                return Ok(Outcome::ok(format!(
+                    "blocked ({}): {}",
+                    s("category").unwrap_or("other"),
+                    s("reason").unwrap_or("")
+                )));
+            }
+            other => {
+                return Ok(Outcome {
+                    ok: false,
+                    observation: format!("tool `{other}` cannot be made"),
+                    full: None,
+                    changed: Vec::new(),
+                    error: None,
+                    extra: Vec::new(),
+                });
+            }
+        };
+        Ok(match result {
+            Ok(out) => Outcome {
+                ok: true,
+                observation: out.observation,
+                full: Some(out.full),
+                changed: out.changed,
+                error: None,
+                extra: Vec::new(),
+            },
+            Err(e) => {
+                let text = e.to_string();
+                let (fp, _) =
+                    error_fingerprint(&format!("tool {}", call.name), tool_error_kind(&e), &text);
+                Outcome {
+                    ok: false,
+                    observation: text,
+                    full: None,
+                    changed: Vec::new(),
+                    error: Some(fp),
+                    extra: Vec::new(),
+                }
+            }
+        })
+    }
+
+    fn run_tool(
+        &mut self,
+        id: StepId,
+        command: &str,
+        asked_seconds: Option<u64>,
+        phase_timeout_ms: u64,
+    ) -> Result<Outcome, EngineError> {
+        let mut timeout = Duration::from_millis(phase_timeout_ms);
+        if let Some(secs) = asked_seconds {
+            timeout = timeout.min(Duration::from_secs(secs));
+        }
+        if let Some(limit) = self.run.limits.get(BudgetName::WallTime) {
+            let left = limit.saturating_sub(self.run.used(BudgetName::WallTime));
+            timeout = timeout.min(Duration::from_millis(left.max(1)));
+        }
+        let before = self.env.git.worktree_tree()?;
+        let out = self.output_path("run");
+        let outcome = process::run_shell(
+            command,
+            &self.env.workspace,
+            &self.command_env(Some(id)),
+            &out,
+            timeout,
+        )
+        .map_err(|e| EngineError::io(&out, e))?;
+        let full = std::fs::read(&out).unwrap_or_default();
+        let _ = std::fs::remove_file(&out);
+        let after = self.env.git.worktree_tree()?;
+        let changed = if after == before {
+            Vec::new()
+        } else {
+            self.env
+                .git
+                .diff(&before, &after)?
+                .changes
+                .into_iter()
+                .map(|c| c.path)
+                .collect()
+        };
+        let text = String::from_utf8_lossy(&full);
+        let tail = text
+            .get(text.len().saturating_sub(RUN_OUTPUT_BYTES)..)
+            .unwrap_or(&text);
+        let shown = if outcome.success {
+            tail.to_string()
+        } else {
+            compact_failure(&text, 60)
+        };
+        let observation = format!("{}\n{}", outcome.status, shown.trim_end());
+        let error =
+            (!outcome.success).then(|| error_fingerprint(command, &outcome.status, &text).0);
+        Ok(Outcome {
+            ok: outcome.success,
+            observation,
+            full: Some(full),
+            changed,
+            error,
+            extra: Vec::new(),
+        })
+    }
+
+    /// After the calls: changes outside the scope are undone and recorded, the step's result is
+    /// recorded, and step verifiers judge a changed workspace.
+    fn finish_agent_step(&mut self, id: StepId, outcomes: &[String]) -> Result<(), EngineError> {
+        let pre = self
+            .run
+            .in_progress
+            .as_ref()
+            .map(|p| p.pre.tree.clone())
+            .unwrap_or_default();
+        let mut now = self.env.git.worktree_tree()?;
+        if now != pre {
+            let scope = &self.contract.scope;
+            let outside: Vec<String> = self
+                .env
+                .git
+                .diff(&pre, &now)?
+                .changes
+                .into_iter()
+                .map(|c| c.path)
+                .filter(|p| !scope.allows_write(p))
+                .collect();
+            if !outside.is_empty() {
+                self.env.git.restore_paths(&pre, &outside)?;
+                fault_point("scope reverted");
+                self.commit(vec![EventBody::ScopeReverted {
+                    step: id,
+                    paths: outside,
+                }])?;
+                now = self.env.git.worktree_tree()?;
+            }
+        }
+        let post = self.env.fingerprint(&self.contract)?;
+        let base_tree = self.run.base.tree.clone();
+        let whole = self.env.git.diff(&base_tree, &post.tree)?;
+        let signature = blake3::hash(outcomes.join("\n").as_bytes()).to_hex()[..16].to_string();
+        let output = self.store.artifacts().put(outcomes.join("\n").as_bytes())?;
+        self.commit(vec![EventBody::StepFinished {
+            step: id,
+            signature: Some(signature),
+            status: "decided".into(),
+            success: true,
+            duration_ms: 0,
+            cpu_ms: 0,
+            output,
+            post: post.clone(),
+            files_written: 0,
+            diff_files: whole.files_changed,
+            diff_lines: whole.lines_added + whole.lines_removed,
+        }])?;
+        if now != pre {
+            let verifiers: Vec<Verifier> =
+                self.contract.verifiers_of(Tier::Step).cloned().collect();
+            for v in verifiers {
+                let evidence = self.run_verifier(&v, Some(id), None, &post)?;
+                if !evidence.passed {
+                    let (fp, excerpt) = error_fingerprint(
+                        &v.name,
+                        &evidence.status,
+                        evidence.excerpt.as_deref().unwrap_or(""),
+                    );
+                    return self.commit(vec![EventBody::StepFailed {
+                        step: id,
+                        reason: format!(
+                            "step verifier `{}` failed ({}), evidence #{}",
+                            v.name, evidence.status, evidence.n
+                        ),
+                        error_fingerprint: fp,
+                        excerpt,
+                        rolled_back: Vec::new(),
+                        kept: true,
+                    }]);
+                }
+            }
+        }
+        self.commit(vec![EventBody::StepVerified { step: id }])
+    }
+
+    /// The driver repeats itself: the approach becomes a rejected path, the run stops blocked
+    /// with the evidence, and a checkpoint keeps the rejected path for a resumed run.
+    fn block_loop(&mut self, id: StepId, pattern: &str) -> Result<(), EngineError> {
+        let last: Vec<String> = self
+            .run
+            .observations
+            .iter()
+            .rev()
+            .take(2)
+            .map(|o| {
+                format!(
+                    "{}({}) → {}",
+                    o.tool,
+                    cut(&o.arguments, 120),
+                    cut(&o.text, 160)
+                )
+            })
+            .collect();
+        let what = match pattern {
+            "repeat" => "the same action with the same result, again and again",
+            _ => "two actions alternating without progress",
+        };
+        let rejected = format!("{what}: {}", last.join(" / "));
+        let evidence = format!(
+            "the last {} steps' signatures: {}",
+            self.run.recent.len(),
+            self.run.recent.join(", ")
+        );
+        let reason = format!(
+            "loop detected ({pattern}): {what}; the approach is recorded as a rejected path. Resume with `keel resume {}` after changing something, or raise no budget: nothing was exhausted",
+            self.run.id
+        );
+        self.commit(vec![
+            EventBody::LoopDetected {
+                step: id,
+                pattern: pattern.to_string(),
+                evidence,
+                rejected_path: rejected,
+            },
+            self.state_change(
+                RunState::Blocked,
+                &reason,
+                Some(Block::Loop {
+                    kind: pattern.to_string(),
+                }),
+            ),
+        ])?;
+        self.checkpoint()
+    }
+
+    /// Phase verification after the driver called `finish`: the phase's gate, and for the last
+    /// phase the acceptance verifiers too, so a failure goes back to the driver, not to a person.
+    pub(crate) fn verify_agent_claim(&mut self, phase: u32) -> Result<(), EngineError> {
+        let name = self.run.phases[phase as usize].name.clone();
+        self.set_state(
+            RunState::Verifying,
+            &format!("the driver claims phase `{name}` is done: verifying"),
+            None,
+        )?;
+        let mut verifiers: Vec<Verifier> = self.contract.phases[phase as usize]
+            .gate
+            .iter()
+            .filter_map(|n| self.contract.verifier(n).cloned())
+            .collect();
+        if phase as usize + 1 == self.contract.phases.len() {
+            verifiers.extend(self.contract.verifiers_of(Tier::Acceptance).cloned());
+        }
+        for v in verifiers {
+            let judged = self.run.fingerprint.clone();
+            let evidence = self.run_verifier(&v, None, Some(phase), &judged)?;
+            if !evidence.passed {
+                let (fp, _) = error_fingerprint(
+                    &v.name,
+                    &evidence.status,
+                    evidence.excerpt.as_deref().unwrap_or(""),
+                );
+                return self.commit(vec![
+                    EventBody::VerificationFailed {
+                        phase,
+                        verifier: v.name.clone(),
+                        evidence: evidence.n,
+                        error_fingerprint: fp,
+                    },
+                    self.state_change(
+                        RunState::Executing,
+                        &format!(
+                            "verifier `{}` failed ({}): the evidence goes back to the driver",
+                            v.name, evidence.status
+                        ),
+                        None,
+                    ),
+                ]);
+            }
+        }
+        self.commit(vec![EventBody::PhaseVerified { phase }])
+    }
+}
+
+fn tool_error_kind(e: &ToolError) -> &'static str {
+    match e {
+        ToolError::Escape { .. } => "escape",
+        ToolError::Denied { .. } => "denied",
+        ToolError::NotFound { .. } => "not found",
+        ToolError::Invalid { .. } => "invalid",
+        ToolError::PatchRejected { .. } => "patch rejected",
+        ToolError::Io { .. } => "io",
+    }
+}
+
+fn fault_point(name: &str) {
+    crate::fault::point(name);
+}

@@ -1,0 +1,323 @@
+//! Drivers: the decision-makers behind agent phases. keel records a driver's request before it
+//! is sent and its response after, so a resumed step re-sends the recorded request rather than
+//! asking a different question, and never asks again once the answer is recorded.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use keel_core::agent::{ModelReply, Prompt, ToolCall, ToolSpec, Usage};
+use keel_core::context::{Estimate, TokenCount};
+use serde::Deserialize;
+
+use crate::process::run_shell;
+
+/// What came back from one call of a driver.
+#[derive(Debug, Clone)]
+pub struct Exchange {
+    pub response: Vec<u8>,
+    /// One line per retry: why it was needed.
+    pub retries: Vec<String>,
+    pub duration_ms: u64,
+}
+
+/// Why a driver could not answer. The run stops `blocked` with the message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct DriverError(pub String);
+
+/// Where a driver runs: the workspace, a place for temporary files, the run and step.
+pub struct SendContext<'a> {
+    pub workspace: &'a Path,
+    pub tmp: &'a Path,
+    pub run_id: &'a str,
+    pub step: String,
+    /// 1-based number of this model call in the run.
+    pub call_no: u64,
+}
+
+pub trait Driver {
+    /// The exact bytes recorded as this step's request.
+    fn request(&self, prompt: &Prompt, tools: &[ToolSpec]) -> Vec<u8>;
+    /// Sends a recorded request.
+    fn send(&mut self, request: &[u8], ctx: &SendContext<'_>) -> Result<Exchange, DriverError>;
+    /// Reads a response; a malformed one is an error the driver is told about.
+    fn parse(&self, response: &[u8]) -> Result<ModelReply, String>;
+    /// What a reply's usage cost, in micro-dollars.
+    fn cost(&self, usage: Usage) -> u64;
+    /// Counts prompt tokens the way this driver's model does.
+    fn counter(&self) -> &dyn TokenCount;
+    /// A delegated program changes the workspace itself during `send`.
+    fn edits_workspace(&self) -> bool {
+        false
+    }
+}
+
+/// The prompt and tools as JSON: the request of drivers that have no wire format of their own.
+fn prompt_json(prompt: &Prompt, tools: &[ToolSpec]) -> Vec<u8> {
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+    serde_json::to_vec_pretty(&serde_json::json!({
+        "system": prompt.system,
+        "user": prompt.user,
+        "tokens": prompt.tokens,
+        "tools": names,
+    }))
+    .unwrap_or_default()
+}
+
+/// One action of a script: tool calls, optional text, optional usage.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScriptAction {
+    #[serde(default)]
+    calls: Vec<ScriptCall>,
+    /// Shorthand for a single call.
+    tool: Option<String>,
+    args: Option<serde_json::Value>,
+    /// Raw argument text instead of `args`, for replaying malformed output.
+    arguments: Option<String>,
+    text: Option<String>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScriptCall {
+    tool: String,
+    args: Option<serde_json::Value>,
+    arguments: Option<String>,
+}
+
+impl ScriptCall {
+    fn into_call(self, id: String) -> ToolCall {
+        let arguments = match (self.arguments, self.args) {
+            (Some(raw), _) => raw,
+            (None, Some(args)) => args.to_string(),
+            (None, None) => "{}".to_string(),
+        };
+        ToolCall {
+            id,
+            name: self.tool,
+            arguments,
+        }
+    }
+}
+
+/// Replays a JSONL file of actions, one per model call: for tests, demos and replaying a run.
+pub struct ScriptDriver {
+    path: PathBuf,
+    lines: Vec<String>,
+}
+
+impl ScriptDriver {
+    pub fn load(path: &Path) -> Result<ScriptDriver, DriverError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            DriverError(format!(
+                "cannot read the driver script {}: {e}",
+                path.display()
+            ))
+        })?;
+        let lines = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(str::to_string)
+            .collect();
+        Ok(ScriptDriver {
+            path: path.to_path_buf(),
+            lines,
+        })
+    }
+}
+
+impl Driver for ScriptDriver {
+    fn request(&self, prompt: &Prompt, tools: &[ToolSpec]) -> Vec<u8> {
+        prompt_json(prompt, tools)
+    }
+
+    fn send(&mut self, _request: &[u8], ctx: &SendContext<'_>) -> Result<Exchange, DriverError> {
+        let index = usize::try_from(ctx.call_no.saturating_sub(1)).unwrap_or(usize::MAX);
+        match self.lines.get(index) {
+            Some(line) => Ok(Exchange {
+                response: line.clone().into_bytes(),
+                retries: Vec::new(),
+                duration_ms: 0,
+            }),
+            None => Err(DriverError(format!(
+                "the driver script {} has {} actions and this is model call {}: the script is used up",
+                self.path.display(),
+                self.lines.len(),
+                ctx.call_no
+            ))),
+        }
+    }
+
+    fn parse(&self, response: &[u8]) -> Result<ModelReply, String> {
+        let action: ScriptAction = serde_json::from_slice(response)
+            .map_err(|e| format!("a script action is not valid: {e}"))?;
+        let mut calls: Vec<ToolCall> = action
+            .calls
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| c.into_call(format!("call-{i}")))
+            .collect();
+        if let Some(tool) = action.tool {
+            let shorthand = ScriptCall {
+                tool,
+                args: action.args,
+                arguments: action.arguments,
+            };
+            calls.push(shorthand.into_call(format!("call-{}", calls.len())));
+        }
+        Ok(ModelReply {
+            text: action.text,
+            calls,
+            usage: action.usage.unwrap_or_default(),
+            stop_reason: Some("script".into()),
+        })
+    }
+
+    fn cost(&self, _usage: Usage) -> u64 {
+        0
+    }
+
+    fn counter(&self) -> &dyn TokenCount {
+        &Estimate
+    }
+}
+
+/// A delegated program (for example a coding agent's command line): keel writes the prompt to
+/// a file, runs the program in the workspace, and judges the result itself. Each run is one step;
+/// a run that exits 0 is taken as a claim that the phase is done, which the verifiers judge.
+pub struct CommandDriver {
+    command: String,
+    timeout: Duration,
+}
+
+impl CommandDriver {
+    pub fn new(command: &str, timeout_ms: u64) -> CommandDriver {
+        CommandDriver {
+            command: command.to_string(),
+            timeout: Duration::from_millis(timeout_ms),
+        }
+    }
+}
+
+/// How much of a delegated program's output its response keeps.
+const COMMAND_TAIL: usize = 4000;
+
+impl Driver for CommandDriver {
+    fn request(&self, prompt: &Prompt, _tools: &[ToolSpec]) -> Vec<u8> {
+        format!("{}\n\n{}", prompt.system, prompt.user).into_bytes()
+    }
+
+    fn send(&mut self, request: &[u8], ctx: &SendContext<'_>) -> Result<Exchange, DriverError> {
+        let prompt_file = ctx
+            .tmp
+            .join(format!("{}-prompt-{}.md", ctx.run_id, ctx.call_no));
+        std::fs::write(&prompt_file, request).map_err(|e| {
+            DriverError(format!(
+                "cannot write the prompt to {}: {e}",
+                prompt_file.display()
+            ))
+        })?;
+        let out = ctx
+            .tmp
+            .join(format!("{}-delegate-{}.log", ctx.run_id, ctx.call_no));
+        let started = Instant::now();
+        let env = [
+            ("KEEL_PROMPT_FILE", prompt_file.display().to_string()),
+            ("KEEL_RUN_ID", ctx.run_id.to_string()),
+            ("KEEL_STEP", ctx.step.clone()),
+        ];
+        let outcome =
+            run_shell(&self.command, ctx.workspace, &env, &out, self.timeout).map_err(|e| {
+                DriverError(format!(
+                    "cannot run the driver command `{}`: {e}",
+                    self.command
+                ))
+            })?;
+        let text = std::fs::read(&out).unwrap_or_default();
+        let _ = std::fs::remove_file(&out);
+        let _ = std::fs::remove_file(&prompt_file);
+        let text = String::from_utf8_lossy(&text);
+        let tail = keel_core::run::cut(
+            text.get(text.len().saturating_sub(COMMAND_TAIL)..)
+                .unwrap_or(&text),
+            COMMAND_TAIL,
+        );
+        let response = serde_json::json!({
+            "command": self.command,
+            "status": outcome.status,
+            "success": outcome.success,
+            "output_tail": tail,
+        });
+        Ok(Exchange {
+            response: serde_json::to_vec(&response).unwrap_or_default(),
+            retries: Vec::new(),
+            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        })
+    }
+
+    fn parse(&self, response: &[u8]) -> Result<ModelReply, String> {
+        let v: serde_json::Value = serde_json::from_slice(response)
+            .map_err(|e| format!("the delegated command's record does not decode: {e}"))?;
+        let status = v["status"].as_str().unwrap_or("?");
+        let tail = v["output_tail"].as_str().unwrap_or("");
+        let calls = if v["success"].as_bool() == Some(true) {
+            vec![ToolCall {
+                id: "delegate".into(),
+                name: "finish".into(),
+                arguments: serde_json::json!({
+                    "summary": format!("the delegated command ended with {status}")
+                })
+                .to_string(),
+            }]
+        } else {
+            Vec::new()
+        };
+        Ok(ModelReply {
+            text: Some(format!("the delegated command ended with {status}\n{tail}")),
+            calls,
+            usage: Usage::default(),
+            stop_reason: Some(status.to_string()),
+        })
+    }
+
+    fn cost(&self, _usage: Usage) -> u64 {
+        0
+    }
+
+    fn counter(&self) -> &dyn TokenCount {
+        &Estimate
+    }
+
+    fn edits_workspace(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_actions_parse_in_every_form() {
+        let d = ScriptDriver {
+            path: "s.jsonl".into(),
+            lines: vec![],
+        };
+        let r = d
+            .parse(br#"{"tool": "read", "args": {"path": "a"}}"#)
+            .unwrap();
+        assert_eq!(r.calls[0].name, "read");
+        assert_eq!(r.calls[0].arguments, r#"{"path":"a"}"#);
+        let r = d
+            .parse(br#"{"calls": [{"tool": "note", "args": {"text": "x"}}, {"tool": "write", "arguments": "{not json"}], "usage": {"input_tokens": 5, "output_tokens": 2}}"#)
+            .unwrap();
+        assert_eq!(r.calls.len(), 2);
+        assert_eq!(r.calls[1].arguments, "{not json");
+        assert_eq!(r.usage.input_tokens, 5);
+        assert!(d.parse(b"{\"toll\": 1}").is_err());
+    }
+}

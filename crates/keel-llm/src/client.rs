@@ -1,0 +1,526 @@
+//! The client: builds a request body, sends it with retries, parses the answer.
+
+use std::time::{Duration, Instant};
+
+use keel_core::agent::{ModelReply, Prompt, ToolSpec};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::config::{ClientConfig, Provider, redact_url};
+use crate::error::{EXCERPT_BYTES, LlmError, excerpt};
+use crate::{anthropic, openai, wire};
+
+/// A model client for one provider, endpoint, model and key. Synchronous: `send` blocks the
+/// calling thread for the whole call, retries and backoff included.
+pub struct Client {
+    config: ClientConfig,
+    http: reqwest::blocking::Client,
+    /// Where requests go.
+    target: String,
+    /// `target` fit for messages: no credentials, query or fragment.
+    endpoint: String,
+    headers: HeaderMap,
+}
+
+/// A successful call: the raw answer and what it took to get it.
+#[derive(Debug, Clone)]
+pub struct Exchange {
+    /// The HTTP status of the answer (2xx).
+    pub status: u16,
+    /// The answer's body, as received.
+    pub body: Vec<u8>,
+    /// Attempts made, the successful one included.
+    pub attempts: u32,
+    /// One line per retry saying why the attempt before it failed: `429 Too Many Requests`,
+    /// `timeout`, `connection error: …`.
+    pub retries: Vec<String>,
+    /// From the first attempt to the answer, backoff waits included.
+    pub duration: Duration,
+}
+
+/// Why one attempt failed in a way worth retrying.
+struct Retryable {
+    /// Short, for `Exchange::retries`.
+    line: String,
+    /// With the provider's message and the endpoint, for `LlmError::Exhausted::last`.
+    detail: String,
+    /// What the server asked us to wait, if it said.
+    retry_after: Option<Duration>,
+}
+
+enum Attempt {
+    Answered { status: u16, body: Vec<u8> },
+    Retry(Retryable),
+}
+
+impl Client {
+    /// Checks the configuration and builds the HTTP client. Fails with `Transport` for a base
+    /// URL that is not an http(s) URL, an API key that cannot be an HTTP header, or a zero
+    /// timeout. Requests to a loopback address bypass any proxy set in the environment.
+    pub fn new(config: ClientConfig) -> Result<Client, LlmError> {
+        if config.timeout.is_zero() {
+            return Err(LlmError::Transport(
+                "the timeout is zero: every attempt would time out at once".to_string(),
+            ));
+        }
+        let url = reqwest::Url::parse(config.base_url.trim()).map_err(|e| {
+            LlmError::Transport(format!(
+                "the base URL {} is not a valid URL: {e}",
+                redact_url(&config.base_url)
+            ))
+        })?;
+        if url.scheme() != "http" && url.scheme() != "https" {
+            return Err(LlmError::Transport(format!(
+                "the base URL {} is not http or https",
+                redact_url(&config.base_url)
+            )));
+        }
+        let target = endpoint(config.provider, &url);
+        let shown = redact_url(&target);
+        let headers = headers(&config)?;
+
+        let mut builder = reqwest::blocking::Client::builder()
+            .timeout(config.timeout)
+            // An API does not redirect a POST anywhere useful, and following one would carry
+            // the key to another host.
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("keel/", env!("CARGO_PKG_VERSION")));
+        if is_loopback(&url) {
+            builder = builder.no_proxy();
+        }
+        let http = builder.build().map_err(|e| {
+            LlmError::Transport(format!(
+                "could not build the HTTP client: {}",
+                error_chain(&e)
+            ))
+        })?;
+        Ok(Client {
+            config,
+            http,
+            target,
+            endpoint: shown,
+            headers,
+        })
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    /// The URL requests are sent to, without credentials or query: fit for logs and artifacts.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The exact request body (JSON bytes) for this prompt and these tools. Deterministic: the
+    /// same inputs give the same bytes, so a stored body can be re-sent after a crash. The API
+    /// key is never in it (it goes in a header).
+    pub fn build_request(&self, prompt: &Prompt, tools: &[ToolSpec]) -> Vec<u8> {
+        let config = &self.config;
+        match config.provider {
+            Provider::OpenAi => {
+                openai::build(&config.model, config.max_output_tokens, prompt, tools)
+            }
+            Provider::Anthropic => {
+                anthropic::build(&config.model, config.max_output_tokens, prompt, tools)
+            }
+        }
+    }
+
+    /// Sends a body built by [`Client::build_request`], retrying on 408, 429, 5xx, timeouts and
+    /// connection errors up to `max_retries` times. `sleep` is called once before every retry
+    /// with the backoff wait (the engine passes `std::thread::sleep`; tests pass a recorder).
+    /// Any other non-2xx answer is `Rejected` at once. A 2xx answer is returned as it is: its
+    /// body is checked by [`Client::parse`].
+    pub fn send(&self, body: &[u8], sleep: &mut dyn FnMut(Duration)) -> Result<Exchange, LlmError> {
+        let started = Instant::now();
+        let mut retries: Vec<String> = Vec::new();
+        let mut attempts: u32 = 0;
+        loop {
+            attempts += 1;
+            let failure = match self.attempt(body)? {
+                Attempt::Answered { status, body } => {
+                    return Ok(Exchange {
+                        status,
+                        body,
+                        attempts,
+                        retries,
+                        duration: started.elapsed(),
+                    });
+                }
+                Attempt::Retry(failure) => failure,
+            };
+            let retry = attempts - 1;
+            if retry >= self.config.max_retries {
+                return Err(LlmError::Exhausted {
+                    attempts,
+                    last: failure.detail,
+                });
+            }
+            let wait = failure.retry_after.unwrap_or_else(|| {
+                backoff(
+                    retry,
+                    self.config.backoff_base,
+                    self.config.backoff_max,
+                    fastrand::f64(),
+                )
+            });
+            sleep(wait);
+            retries.push(failure.line);
+        }
+    }
+
+    /// Parses a success response body into the neutral reply. Tolerant of extra fields and of
+    /// missing optional ones; `Malformed` says what required part is missing.
+    pub fn parse(&self, body: &[u8]) -> Result<ModelReply, LlmError> {
+        match self.config.provider {
+            Provider::OpenAi => openai::parse(body),
+            Provider::Anthropic => anthropic::parse(body),
+        }
+    }
+
+    /// One attempt. `Err` only for what must not be retried.
+    fn attempt(&self, body: &[u8]) -> Result<Attempt, LlmError> {
+        let response = self
+            .http
+            .post(&self.target)
+            .headers(self.headers.clone())
+            .body(body.to_vec())
+            .send();
+        let response = match response {
+            Ok(response) => response,
+            Err(e) => return self.transport_failure(&e).map(Attempt::Retry),
+        };
+        let status = response.status();
+        let retry_after = retry_after(response.headers());
+        let location = response
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .map(redact_url);
+        let answer = match response.bytes() {
+            Ok(bytes) => bytes.to_vec(),
+            Err(e) => return self.transport_failure(&e).map(Attempt::Retry),
+        };
+        let code = status.as_u16();
+        if status.is_success() {
+            return Ok(Attempt::Answered {
+                status: code,
+                body: answer,
+            });
+        }
+        let provider_says = wire::provider_message(&answer)
+            .map(|m| self.scrub(&m))
+            .unwrap_or_else(|| {
+                let text = excerpt(&answer, EXCERPT_BYTES);
+                if text.trim().is_empty() {
+                    "(no message)".to_string()
+                } else {
+                    self.scrub(&text)
+                }
+            });
+        let out_of_quota =
+            code == 429 && wire::provider_code(&answer).as_deref() == Some("insufficient_quota");
+        if is_retryable(code) && !out_of_quota {
+            let line = status_line(code);
+            return Ok(Attempt::Retry(Retryable {
+                detail: format!("{line}: {provider_says} (POST {})", self.endpoint),
+                line,
+                retry_after,
+            }));
+        }
+        let advice = self.advice(code, out_of_quota, location.as_deref());
+        Err(LlmError::Rejected {
+            status: code,
+            message: format!("{provider_says} (POST {}). {advice}", self.endpoint),
+        })
+    }
+
+    /// A request that got no HTTP answer: retried, unless the request itself could not be built.
+    fn transport_failure(&self, e: &reqwest::Error) -> Result<Retryable, LlmError> {
+        let chain = self.scrub(&error_chain(e));
+        if e.is_builder() {
+            return Err(LlmError::Transport(format!(
+                "could not build the request to {}: {chain}",
+                self.endpoint
+            )));
+        }
+        let (line, detail) = if e.is_timeout() {
+            (
+                "timeout".to_string(),
+                format!(
+                    "timeout: no complete answer within {:?} (POST {})",
+                    self.config.timeout, self.endpoint
+                ),
+            )
+        } else if e.is_connect() {
+            (
+                format!("connection failed: {chain}"),
+                format!("could not connect (POST {}): {chain}", self.endpoint),
+            )
+        } else {
+            (
+                format!("connection error: {chain}"),
+                format!("connection error (POST {}): {chain}", self.endpoint),
+            )
+        };
+        Ok(Retryable {
+            line,
+            detail,
+            retry_after: None,
+        })
+    }
+
+    /// A sentence telling the user what to check for a refused request.
+    fn advice(&self, status: u16, out_of_quota: bool, location: Option<&str>) -> String {
+        let model = &self.config.model;
+        let provider = match self.config.provider {
+            Provider::OpenAi => "OpenAI-compatible",
+            Provider::Anthropic => "Anthropic",
+        };
+        if out_of_quota {
+            return format!(
+                "The {provider} account is out of credit or over its quota: add credit or raise the limit, then resume."
+            );
+        }
+        match status {
+            401 => format!(
+                "Check the API key given to this driver (the secret the contract names for it): it is missing, wrong, revoked, or not a key for this {provider} server."
+            ),
+            403 => format!(
+                "The API key is not allowed to do this: check its permissions, its organisation or project, and its access to model \"{model}\"."
+            ),
+            404 => format!(
+                "Check the model name \"{model}\" (is it available to this key, or pulled on a local server?) and the base URL."
+            ),
+            400 | 422 => format!(
+                "The server found the request invalid: check that model \"{model}\" supports tool calls and that max_output_tokens ({}) is within its limit.",
+                self.config.max_output_tokens
+            ),
+            413 => "The request is too large for the server: lower the phase's context_tokens."
+                .to_string(),
+            300..=399 => format!(
+                "The server redirected to {}; set base_url to the final address.",
+                location.unwrap_or("(no location)")
+            ),
+            _ => "The server refused the request; retrying the same request will not help."
+                .to_string(),
+        }
+    }
+
+    /// Removes the API key from text a server or library produced.
+    fn scrub(&self, text: &str) -> String {
+        match self.config.api_key.as_deref() {
+            Some(key) if !key.is_empty() => text.replace(key, "[redacted]"),
+            _ => text.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("config", &self.config)
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The full endpoint: the API's path appended to the base URL's path, keeping any query (some
+/// gateways want `?api-version=…`). For Anthropic, a base path that already ends in `/v1` is
+/// taken as meaning the same as one without it.
+fn endpoint(provider: Provider, base: &reqwest::Url) -> String {
+    let mut url = base.clone();
+    let path = base.path().trim_end_matches('/');
+    let full = match provider {
+        Provider::OpenAi => format!("{path}/chat/completions"),
+        Provider::Anthropic => match path.strip_suffix("/v1") {
+            Some(root) => format!("{root}/v1/messages"),
+            None => format!("{path}/v1/messages"),
+        },
+    };
+    url.set_path(&full);
+    url.to_string()
+}
+
+fn headers(config: &ClientConfig) -> Result<HeaderMap, LlmError> {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        reqwest::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(
+        reqwest::header::ACCEPT,
+        HeaderValue::from_static("application/json"),
+    );
+    let key = |value: String| {
+        HeaderValue::from_str(&value)
+            .map(|mut v| {
+                v.set_sensitive(true);
+                v
+            })
+            .map_err(|_| {
+                LlmError::Transport(
+                    "the API key contains characters an HTTP header cannot carry (a newline?)"
+                        .to_string(),
+                )
+            })
+    };
+    match config.provider {
+        Provider::OpenAi => {
+            if let Some(api_key) = &config.api_key {
+                headers.insert(
+                    reqwest::header::AUTHORIZATION,
+                    key(format!("Bearer {api_key}"))?,
+                );
+            }
+        }
+        Provider::Anthropic => {
+            if let Some(api_key) = &config.api_key {
+                headers.insert(HeaderName::from_static("x-api-key"), key(api_key.clone())?);
+            }
+            headers.insert(
+                HeaderName::from_static("anthropic-version"),
+                HeaderValue::from_static(anthropic::API_VERSION),
+            );
+        }
+    }
+    Ok(headers)
+}
+
+fn is_loopback(url: &reqwest::Url) -> bool {
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// 408 Request Timeout, 429 Too Many Requests, and every 5xx (Anthropic's 529 Overloaded
+/// included) are worth another try.
+fn is_retryable(status: u16) -> bool {
+    status == 408 || status == 429 || (500..=599).contains(&status)
+}
+
+fn status_line(status: u16) -> String {
+    let reason = match status {
+        529 => Some("Overloaded"),
+        _ => reqwest::StatusCode::from_u16(status)
+            .ok()
+            .and_then(|s| s.canonical_reason()),
+    };
+    match reason {
+        Some(reason) => format!("{status} {reason}"),
+        None => status.to_string(),
+    }
+}
+
+/// The wait a server asks for: `retry-after-ms` (milliseconds, sent by OpenAI) or `retry-after`
+/// in seconds (fractions allowed). The HTTP-date form and nonsense are ignored (backoff applies).
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let number = |name: &str| -> Option<f64> {
+        let value: f64 = headers.get(name)?.to_str().ok()?.trim().parse().ok()?;
+        (value.is_finite() && value >= 0.0).then_some(value)
+    };
+    if let Some(ms) = number("retry-after-ms") {
+        return Duration::try_from_secs_f64(ms / 1000.0).ok();
+    }
+    Duration::try_from_secs_f64(number("retry-after")?).ok()
+}
+
+/// The wait before retry `retry` (0 for the first): uniform in `[0, min(max, base * 2^retry)]`
+/// ("full jitter"), with `unit` uniform in `[0, 1)`.
+pub(crate) fn backoff(retry: u32, base: Duration, max: Duration, unit: f64) -> Duration {
+    let factor = 2u32.saturating_pow(retry.min(31));
+    let ceiling = base.saturating_mul(factor).min(max);
+    ceiling.mul_f64(unit.clamp(0.0, 1.0))
+}
+
+/// An error and its causes, joined with `: `, without the URL reqwest adds (the callers show a
+/// redacted one).
+fn error_chain(error: &reqwest::Error) -> String {
+    use std::error::Error as _;
+    let mut parts: Vec<String> = Vec::new();
+    let mut push = |text: String| {
+        if !parts.iter().any(|p| p == &text) {
+            parts.push(text);
+        }
+    };
+    // `without_url` needs ownership; the Display of reqwest's error prints the URL in
+    // parentheses, so the top level is described from its kind instead.
+    push(if error.is_timeout() {
+        "timed out".to_string()
+    } else if error.is_connect() {
+        "error connecting".to_string()
+    } else if error.is_body() || error.is_decode() {
+        "error reading the answer".to_string()
+    } else {
+        "error sending the request".to_string()
+    });
+    let mut source = error.source();
+    while let Some(cause) = source {
+        push(cause.to_string());
+        source = cause.source();
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_with_full_jitter() {
+        let base = Duration::from_millis(100);
+        let max = Duration::from_secs(1);
+        assert_eq!(backoff(0, base, max, 1.0), Duration::from_millis(100));
+        assert_eq!(backoff(1, base, max, 1.0), Duration::from_millis(200));
+        assert_eq!(backoff(3, base, max, 1.0), Duration::from_millis(800));
+        assert_eq!(backoff(4, base, max, 1.0), max);
+        assert_eq!(backoff(1000, base, max, 1.0), max);
+        assert_eq!(backoff(2, base, max, 0.5), Duration::from_millis(200));
+        assert_eq!(backoff(2, base, max, 0.0), Duration::ZERO);
+    }
+
+    #[test]
+    fn endpoints_append_the_api_path() {
+        let at = |provider, base: &str| endpoint(provider, &reqwest::Url::parse(base).unwrap());
+        assert_eq!(
+            at(Provider::Anthropic, "https://api.anthropic.com"),
+            "https://api.anthropic.com/v1/messages"
+        );
+        assert_eq!(
+            at(Provider::Anthropic, "https://api.anthropic.com/v1/"),
+            "https://api.anthropic.com/v1/messages"
+        );
+        assert_eq!(
+            at(Provider::OpenAi, "http://127.0.0.1:11434/v1"),
+            "http://127.0.0.1:11434/v1/chat/completions"
+        );
+        assert_eq!(
+            at(
+                Provider::OpenAi,
+                "https://gw.example.com/openai/v1/?api-version=2"
+            ),
+            "https://gw.example.com/openai/v1/chat/completions?api-version=2"
+        );
+        assert_eq!(
+            at(Provider::OpenAi, "http://localhost:8080"),
+            "http://localhost:8080/chat/completions"
+        );
+    }
+
+    #[test]
+    fn retryable_statuses() {
+        for code in [408, 429, 500, 502, 503, 504, 529] {
+            assert!(is_retryable(code), "{code}");
+        }
+        for code in [400, 401, 403, 404, 409, 413, 422] {
+            assert!(!is_retryable(code), "{code}");
+        }
+        assert_eq!(status_line(429), "429 Too Many Requests");
+        assert_eq!(status_line(529), "529 Overloaded");
+    }
+}
