@@ -85,7 +85,7 @@ impl BudgetName {
 
     /// Whether this version of keel enforces the budget. The others are parsed, kept in the run
     /// state and shown, and are enforced once the capability that consumes them exists
-    /// (models, networks, workers, approvals).
+    /// (networks, workers, approvals).
     pub fn enforced(self) -> bool {
         matches!(
             self,
@@ -97,6 +97,9 @@ impl BudgetName {
                 | BudgetName::Writes
                 | BudgetName::DiffLines
                 | BudgetName::FilesChanged
+                | BudgetName::Tokens
+                | BudgetName::CostUsd
+                | BudgetName::NoProgressSteps
         )
     }
 

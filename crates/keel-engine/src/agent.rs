@@ -11,7 +11,7 @@ use keel_core::budget::BudgetName;
 use keel_core::context::{self, compact_failure};
 use keel_core::contract::{PhaseKind, Tier, Verifier};
 use keel_core::errorfp::error_fingerprint;
-use keel_core::event::{Block, Decision, EventBody, StepId};
+use keel_core::event::{Block, BudgetStop, Decision, EventBody, StepId};
 use keel_core::run::cut;
 use keel_core::state::RunState;
 use keel_core::tools;
@@ -208,7 +208,7 @@ impl Engine<'_> {
             return Ok(());
         }
         if let Some(pattern) = self.run.loop_detected() {
-            self.block_loop(id, pattern)?;
+            self.block_loop(id, pattern, None)?;
         }
         Ok(())
     }
@@ -760,9 +760,16 @@ impl Engine<'_> {
         self.commit(vec![EventBody::StepVerified { step: id }])
     }
 
-    /// The driver repeats itself: the approach becomes a rejected path, the run stops blocked
-    /// with the evidence, and a checkpoint keeps the rejected path for a resumed run.
-    fn block_loop(&mut self, id: StepId, pattern: &str) -> Result<(), EngineError> {
+    /// The driver repeats itself (`pattern`: `repeat`, `ping_pong`, or a budget that bounds
+    /// retries, `same_error` or `no_progress_steps`): the approach becomes a rejected path, the
+    /// run stops blocked with the evidence, and a checkpoint keeps the rejected path for a
+    /// resumed run.
+    pub(crate) fn block_loop(
+        &mut self,
+        id: StepId,
+        pattern: &str,
+        budget: Option<BudgetStop>,
+    ) -> Result<(), EngineError> {
         let last: Vec<String> = self
             .run
             .observations
@@ -780,18 +787,35 @@ impl Engine<'_> {
             .collect();
         let what = match pattern {
             "repeat" => "the same action with the same result, again and again",
-            _ => "two actions alternating without progress",
+            "ping_pong" => "two actions alternating without progress",
+            "same_error" => "the same error, again and again",
+            _ => "steps without any verifier improving",
         };
         let rejected = format!("{what}: {}", last.join(" / "));
         let evidence = format!(
-            "the last {} steps' signatures: {}",
+            "the last {} steps' signatures: {}; error counts: {:?}",
             self.run.recent.len(),
-            self.run.recent.join(", ")
+            self.run.recent.join(", "),
+            self.run.error_counts.values().collect::<Vec<_>>()
         );
-        let reason = format!(
-            "loop detected ({pattern}): {what}; the approach is recorded as a rejected path. Resume with `keel resume {}` after changing something, or raise no budget: nothing was exhausted",
-            self.run.id
-        );
+        let (reason, block) = match budget {
+            Some(stop) => (
+                format!(
+                    "{stop} ({what}); the approach is recorded as a rejected path. Raise it with `keel unblock {} --budget {}=+N --reason \"…\"`",
+                    self.run.id, stop.budget
+                ),
+                Block::Budget(stop),
+            ),
+            None => (
+                format!(
+                    "loop detected ({pattern}): {what}; the approach is recorded as a rejected path, and `keel resume {}` continues with it in the prompt",
+                    self.run.id
+                ),
+                Block::Loop {
+                    kind: pattern.to_string(),
+                },
+            ),
+        };
         self.commit(vec![
             EventBody::LoopDetected {
                 step: id,
@@ -799,13 +823,7 @@ impl Engine<'_> {
                 evidence,
                 rejected_path: rejected,
             },
-            self.state_change(
-                RunState::Blocked,
-                &reason,
-                Some(Block::Loop {
-                    kind: pattern.to_string(),
-                }),
-            ),
+            self.state_change(RunState::Blocked, &reason, Some(block)),
         ])?;
         self.checkpoint()
     }

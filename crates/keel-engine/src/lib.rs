@@ -947,7 +947,7 @@ impl Engine<'_> {
                 Next::Checkpoint => self.checkpoint()?,
                 Next::Step(step) => {
                     if let Some(stop) = self.run.budget_stop_before_step() {
-                        self.block_budget(stop)?;
+                        self.stop_for_budget(stop)?;
                         continue;
                     }
                     if self.is_agent_phase(step.phase) {
@@ -982,9 +982,35 @@ impl Engine<'_> {
             return Ok(());
         }
         if let Some(stop) = self.run.budget_stop_after_step() {
-            self.block_budget(stop)?;
+            self.stop_for_budget(stop)?;
         }
         Ok(())
+    }
+
+    /// Blocks on an exhausted budget. In an agent phase, the budgets that bound retrying
+    /// (`same_error`, `no_progress_steps`) mean the driver's approach failed: it is recorded as
+    /// a rejected path too, so a resumed run is told not to try it again.
+    fn stop_for_budget(&mut self, stop: keel_core::event::BudgetStop) -> Result<(), EngineError> {
+        let retrying = matches!(
+            stop.budget,
+            BudgetName::SameError | BudgetName::NoProgressSteps
+        );
+        let last_agent_step = self
+            .run
+            .phases
+            .get(self.run.cursor as usize)
+            .filter(|p| p.agent && !p.steps.is_empty())
+            .map(|p| StepId {
+                phase: self.run.cursor,
+                index: p.steps.len() as u32 - 1,
+            });
+        match last_agent_step {
+            Some(step) if retrying => {
+                let pattern = stop.budget.as_str().to_string();
+                self.block_loop(step, &pattern, Some(stop))
+            }
+            _ => self.block_budget(stop),
+        }
     }
 
     fn set_state(
