@@ -238,6 +238,9 @@ pub enum EventBody {
         changed: Vec<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error_fingerprint: Option<String>,
+        /// The working tree after a call that may change it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        post_tree: Option<String>,
     },
     PlanUpdated {
         step: StepId,

@@ -45,6 +45,8 @@ pub struct CallProgress {
     pub decision: Decision,
     pub pre_tree: Option<String>,
     pub finished: bool,
+    #[serde(default)]
+    pub post_tree: Option<String>,
 }
 
 /// What the driver was shown of an earlier call: the last few go into every prompt.
@@ -532,6 +534,7 @@ impl Run {
                     decision: *decision,
                     pre_tree: pre_tree.clone(),
                     finished: false,
+                    post_tree: None,
                 });
                 self.add(BudgetName::ToolCalls, 1);
                 if *decision == Decision::Deny {
@@ -555,6 +558,7 @@ impl Run {
                 observation,
                 changed,
                 error_fingerprint,
+                post_tree,
                 ..
             } => {
                 self.expect_in_progress("tool_call_finished", *step)?;
@@ -568,6 +572,7 @@ impl Run {
                     )));
                 }
                 c.finished = true;
+                c.post_tree = post_tree.clone();
                 let (tool, arguments) = (c.tool.clone(), cut(&c.arguments, 200));
                 self.add(BudgetName::Writes, changed.len() as u64);
                 self.observe(Observation {
@@ -793,6 +798,33 @@ impl Run {
         let worst = *count;
         if worst > self.used(BudgetName::SameError) {
             self.used.insert(BudgetName::SameError, worst);
+        }
+    }
+
+    /// Where the working tree should be now, as far as the log knows: after the last recorded
+    /// call of an agent step in progress that changed it, else at the last step boundary. An
+    /// agent call that was allowed but not recorded as finished may have left the tree anywhere
+    /// from there: `Some(tree)` in `.1` names the tree to roll back to.
+    pub fn expected_tree(&self) -> (String, Option<String>) {
+        let Some(p) = self.in_progress.as_ref().filter(|p| p.agent) else {
+            return (self.fingerprint.tree.clone(), None);
+        };
+        let last_known = p
+            .calls
+            .iter()
+            .rev()
+            .find_map(|c| c.post_tree.clone())
+            .unwrap_or_else(|| p.pre.tree.clone());
+        if p.reply.is_none() && p.request.is_some() {
+            // A delegated program may have been changing the workspace.
+            return (p.pre.tree.clone(), Some(p.pre.tree.clone()));
+        }
+        match p.calls.last() {
+            Some(c) if c.decision == Decision::Allow && !c.finished => {
+                let pre = c.pre_tree.clone().unwrap_or(last_known);
+                (pre.clone(), Some(pre))
+            }
+            _ => (last_known, None),
         }
     }
 

@@ -497,6 +497,10 @@ impl Engine<'_> {
             }
             _ => None,
         };
+        let post_tree = match verdict.reversibility {
+            Reversibility::ReadOnly => None,
+            _ => Some(self.env.git.worktree_tree()?),
+        };
         let mut bodies = outcome.extra;
         bodies.push(EventBody::ToolCallFinished {
             step: id,
@@ -506,6 +510,7 @@ impl Engine<'_> {
             output,
             changed: outcome.changed,
             error_fingerprint: outcome.error,
+            post_tree,
         });
         self.commit(bodies)
     }

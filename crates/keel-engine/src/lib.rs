@@ -1423,11 +1423,24 @@ impl Engine<'_> {
     /// Compares the environment with the fingerprint of the last step boundary. Returns whether
     /// the run may go on.
     fn check_drift(&mut self, options: &ResumeOptions, actor: &Actor) -> Result<bool, EngineError> {
+        // Mid agent step, the recorded calls changed the tree since the last step boundary; a
+        // call that was running when the process died is undone first (its tree kept).
+        let (expected_tree, roll_back_to) = self.run.expected_tree();
+        if let Some(target) = roll_back_to {
+            self.undo_interrupted(&target)?;
+        }
+        let mut expected = self.run.fingerprint.clone();
+        let mid_agent_step = self.run.in_progress.as_ref().is_some_and(|p| p.agent);
+        expected.tree = expected_tree;
         let now = self.env.fingerprint(&self.contract)?;
-        let mut changes = now.changes_since(&self.run.fingerprint);
+        let mut changes = now.changes_since(&expected);
+        if mid_agent_step {
+            // Lockfiles the driver wrote are part of the tree, which is compared already.
+            changes.retain(|c| c.part != "lockfile");
+        }
         for change in &mut changes {
             if change.part == "tree" {
-                change.key = Some(self.changed_paths(&self.run.fingerprint.tree, &now.tree));
+                change.key = Some(self.changed_paths(&expected.tree, &now.tree));
             }
         }
         let drift_block = matches!(self.run.block, Some(Block::Drift { .. }));
@@ -1481,6 +1494,27 @@ impl Engine<'_> {
         }
         self.commit(bodies)?;
         Ok(false)
+    }
+
+    /// Puts the working tree back to `target`, keeping what it held under a ref.
+    fn undo_interrupted(&mut self, target: &str) -> Result<(), EngineError> {
+        let now_tree = self.env.git.worktree_tree()?;
+        if now_tree == target {
+            return Ok(());
+        }
+        let refname = format!("refs/keel/{}/interrupted/{}", self.run.id, self.run.seq);
+        let head = self.env.git.head()?;
+        self.env.git.snapshot(
+            &now_tree,
+            head.as_deref(),
+            &format!(
+                "keel: working tree of run {} when a call was interrupted",
+                self.run.id
+            ),
+            &refname,
+        )?;
+        self.env.git.restore_worktree(target)?;
+        Ok(())
     }
 
     fn changed_paths(&self, from: &str, to: &str) -> String {
