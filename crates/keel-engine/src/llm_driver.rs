@@ -22,6 +22,8 @@ pub struct LlmDriver {
     client: Client,
     price: Option<Price>,
     counter: Counter,
+    /// The secret's reference and value, to scrub from anything stored.
+    secret: Option<(String, String)>,
 }
 
 /// Resolves `secret:NAME` from the environment, now, into memory only.
@@ -44,6 +46,7 @@ pub fn make(
         _ => Provider::OpenAi,
     };
     let api_key = d.api_key.as_deref().map(resolve_secret).transpose()?;
+    let secret = d.api_key.clone().zip(api_key.clone());
     let config = ClientConfig {
         provider,
         base_url: d
@@ -70,7 +73,25 @@ pub fn make(
         client,
         price,
         counter: Counter(keel_llm::token_counter(provider, model)),
+        secret,
     }))
+}
+
+impl LlmDriver {
+    /// A server that echoes the key back must not get it into the store.
+    fn scrub(&self, bytes: Vec<u8>) -> Vec<u8> {
+        match &self.secret {
+            Some((name, value)) if !value.is_empty() => {
+                let text = String::from_utf8_lossy(&bytes);
+                if text.contains(value.as_str()) {
+                    text.replace(value.as_str(), &format!("[{name}]")).into_bytes()
+                } else {
+                    bytes
+                }
+            }
+            _ => bytes,
+        }
+    }
 }
 
 impl Driver for LlmDriver {
@@ -82,11 +103,17 @@ impl Driver for LlmDriver {
         let mut sleep = |d: Duration| std::thread::sleep(d);
         match self.client.send(request, &mut sleep) {
             Ok(x) => Ok(Exchange {
-                response: x.body,
+                response: self.scrub(x.body),
                 retries: x.retries,
                 duration_ms: u64::try_from(x.duration.as_millis()).unwrap_or(u64::MAX),
             }),
-            Err(e @ LlmError::Rejected { .. }) => Err(DriverError(e.to_string())),
+            Err(e @ LlmError::Rejected { .. }) => Err(DriverError(format!(
+                "{e}{}",
+                self.secret
+                    .as_ref()
+                    .map(|(name, _)| format!(" (the key is {name})"))
+                    .unwrap_or_default()
+            ))),
             Err(e) => Err(DriverError(e.to_string())),
         }
     }

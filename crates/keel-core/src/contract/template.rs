@@ -24,10 +24,10 @@ fingerprint = []
 # go.sum, composer.lock).
 # lockfiles = ["Cargo.lock"]
 
-# [driver] chooses the actions of agent phases; this version of keel runs command phases only, so
-# it is checked but unused. Kinds: "openai" (any OpenAI-compatible server), "anthropic",
-# "command" (a delegated program) and "script" (recorded actions). API keys are secret
-# references, never the key itself.
+# [driver] chooses the actions of agent phases (see the commented agent phase at the end). Kinds:
+# "openai" (any OpenAI-compatible server), "anthropic", "command" (a delegated program, which
+# finds the prompt in $KEEL_PROMPT_FILE) and "script" (recorded actions, one JSON per line). API
+# keys are secret references, never the key itself: keel reads the variable when the run starts.
 # [driver]
 # kind = "openai"
 # model = "gpt-5-mini"
@@ -99,6 +99,16 @@ name = "test"
 kind = "command"
 run = ["cargo test --quiet --no-run", "cargo test --quiet"]
 timeout = "20m"
+
+# An agent phase: the [driver] chooses each step's tool calls toward the objective; keel checks
+# every call against [scope] and the budgets before it runs, and only passing verifiers end the
+# phase when the driver calls `finish`. It needs the [driver] table above.
+# [[phase]]
+# name = "fix"
+# kind = "agent"
+# objective = "Make the failing test pass without changing the public API."
+# tools = ["read", "list", "search", "write", "patch", "run", "plan", "note", "finish", "blocked"]
+# done_when = ["check"]
 "#;
 
 #[cfg(test)]
