@@ -107,6 +107,33 @@ enum Command {
         #[arg(long)]
         reason: String,
     },
+    /// List approval requests: those waiting for a decision (of one run, or of every run).
+    Approvals {
+        run: Option<String>,
+        /// Decided requests too.
+        #[arg(long)]
+        all: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve request N of a run; the decision applies only to the payload with this hash.
+    Approve {
+        run: String,
+        n: u32,
+        #[arg(long)]
+        payload_hash: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Reject request N of a run, with a reason.
+    Reject {
+        run: String,
+        n: u32,
+        #[arg(long)]
+        payload_hash: String,
+        #[arg(long)]
+        reason: String,
+    },
     /// Stop a run for good (it ends `failed`), recorded with who and why.
     Cancel {
         run: String,
@@ -280,6 +307,40 @@ fn dispatch(cli: Cli) -> Result<u8> {
                 keel_engine::unblock(&mut store, &run, &raises, &reason, &actor, &mut observer);
             finish(&store, result, &observer)
         }
+        Command::Approvals { run, all, json } => {
+            let store = open_store(cli.store)?;
+            let runs = match run {
+                Some(id) => vec![store.run(&store.resolve_run(&id)?)?],
+                None => store.runs()?,
+            };
+            let list: Vec<(&Run, &keel_core::run::Approval)> = runs
+                .iter()
+                .flat_map(|r| r.approvals.iter().map(move |a| (r, a)))
+                .filter(|(_, a)| all || a.decision.is_none())
+                .collect();
+            if json {
+                let values = list
+                    .iter()
+                    .map(|(r, a)| print::approval_json(r, a))
+                    .collect();
+                print::json(&mut out, &serde_json::Value::Array(values))?;
+            } else {
+                print::approvals(&mut out, &list)?;
+            }
+            Ok(exit::COMPLETED)
+        }
+        Command::Approve {
+            run,
+            n,
+            payload_hash,
+            reason,
+        } => decide(cli.store, &run, n, true, &payload_hash, &reason, &actor),
+        Command::Reject {
+            run,
+            n,
+            payload_hash,
+            reason,
+        } => decide(cli.store, &run, n, false, &payload_hash, &reason, &actor),
         Command::Cancel { run, reason } => {
             let mut store = open_store(cli.store)?;
             let run = keel_engine::cancel(&mut store, &run, &reason, &actor)?;
@@ -365,6 +426,54 @@ fn dispatch(cli: Cli) -> Result<u8> {
                 exit::FAILED
             })
         }
+    }
+}
+
+/// Records a decision from the command line. A second delivery of the same decision changes
+/// nothing and says so; a conflicting one is refused.
+fn decide(
+    store: Option<PathBuf>,
+    run: &str,
+    n: u32,
+    approve: bool,
+    payload_hash: &str,
+    reason: &str,
+    actor: &Actor,
+) -> Result<u8> {
+    let mut store = open_store(store)?;
+    let word = if approve { "approved" } else { "rejected" };
+    match keel_engine::decide(
+        &mut store,
+        run,
+        n,
+        approve,
+        payload_hash,
+        reason,
+        actor,
+        "cli",
+    ) {
+        Ok(keel_engine::Decided::Recorded(run)) => {
+            println!(
+                "request #{n} of run {} {word}; `keel resume {}` (or a worker) continues the run",
+                run.id, run.id
+            );
+            Ok(exit::COMPLETED)
+        }
+        Ok(keel_engine::Decided::Already { same: true, by, .. }) => {
+            println!("request #{n} was already {word} by {by}; nothing changed");
+            Ok(exit::COMPLETED)
+        }
+        Ok(keel_engine::Decided::Already {
+            same: false,
+            by,
+            approve: earlier,
+        }) => Err(Usage(format!(
+            "request #{n} was already {} by {by}; a decision cannot be changed",
+            if earlier { "approved" } else { "rejected" }
+        ))
+        .into()),
+        Err(keel_engine::DecisionError::Engine(e)) => Err(e.into()),
+        Err(e) => Err(Usage(e.to_string()).into()),
     }
 }
 

@@ -81,6 +81,9 @@ pub fn run_json(run: &Run, checkpoints: usize) -> Value {
         "notes": run.notes,
         "rejected_paths": run.rejected_paths,
         "model_calls": run.model_calls,
+        "working_ms": run.used(BudgetName::WallTime),
+        "human_wait_ms": run.human_wait_ms,
+        "approvals": run.approvals.iter().map(|a| approval_json(run, a)).collect::<Vec<_>>(),
         "violations": run.violations,
         "contract": run.contract_file,
         "contract_hash": run.contract_hash,
@@ -166,6 +169,12 @@ pub fn run_status(out: &mut dyn Write, run: &Run, checkpoints: &[CheckpointRow])
             b.format_amount(used)
         )?;
     }
+    writeln!(
+        out,
+        "time       {} working, {} waiting for people",
+        BudgetName::WallTime.format_amount(run.used(BudgetName::WallTime)),
+        BudgetName::WallTime.format_amount(run.human_wait_ms)
+    )?;
     if run.model_calls > 0 || run.violations > 0 {
         writeln!(
             out,
@@ -356,6 +365,24 @@ fn summarise(body: &EventBody) -> String {
             rejected_path,
             ..
         } => format!("{pattern}: rejected path: {}", shorten(rejected_path, 100)),
+        EventBody::ApprovalRequested { request } => format!(
+            "#{} {} (payload {})",
+            request.n,
+            shorten(&request.intent, 90),
+            &request.payload_hash[..12]
+        ),
+        EventBody::ApprovalDecided {
+            n,
+            approve,
+            by,
+            reason,
+            via,
+            ..
+        } => format!(
+            "#{n} {} by {by} via {via}: {}",
+            if *approve { "APPROVED" } else { "REJECTED" },
+            shorten(reason, 90)
+        ),
         EventBody::StepFinished {
             step,
             status,
@@ -458,6 +485,72 @@ pub fn checkpoints(out: &mut dyn Write, run: &str, rows: &[CheckpointRow]) -> io
             &row.commit[..12.min(row.commit.len())],
             row.snapshot_ref
         )?;
+    }
+    Ok(())
+}
+
+/// The stable JSON shape of an approval request (`keel approvals --json`).
+pub fn approval_json(run: &Run, a: &keel_core::run::Approval) -> Value {
+    json!({
+        "run": run.id,
+        "n": a.request.n,
+        "gate": a.request.gate,
+        "intent": a.request.intent,
+        "payload": a.request.payload,
+        "payload_hash": a.request.payload_hash,
+        "checks": a.request.checks,
+        "risk": a.request.risk,
+        "reversibility": a.request.reversibility,
+        "rollback": a.request.rollback,
+        "created_at": time(a.request.created_at_ms),
+        "expires_at": a.request.expires_at_ms.map(time),
+        "decision": a.decision,
+    })
+}
+
+pub fn approvals(
+    out: &mut dyn Write,
+    list: &[(&Run, &keel_core::run::Approval)],
+) -> io::Result<()> {
+    if list.is_empty() {
+        writeln!(out, "no approval requests are waiting")?;
+        return Ok(());
+    }
+    for (run, a) in list {
+        let r = &a.request;
+        writeln!(out, "run {} request #{}: {}", run.id, r.n, r.intent)?;
+        writeln!(out, "  payload hash {}", r.payload_hash)?;
+        writeln!(out, "  risk        {}", r.risk)?;
+        writeln!(out, "  rollback    {}", r.rollback)?;
+        for c in &r.checks {
+            writeln!(
+                out,
+                "  check       {} {} ({}, evidence #{})",
+                c.verifier,
+                if c.passed { "passed" } else { "FAILED" },
+                c.status,
+                c.evidence
+            )?;
+        }
+        writeln!(out, "  payload:")?;
+        for line in r.payload.lines() {
+            writeln!(out, "    {line}")?;
+        }
+        match &a.decision {
+            Some(d) => writeln!(
+                out,
+                "  decided     {} by {} via {}: {}",
+                if d.approve { "approved" } else { "rejected" },
+                d.by,
+                d.via,
+                d.reason
+            )?,
+            None => writeln!(
+                out,
+                "  decide with: keel approve {} {} --payload-hash {}",
+                run.id, r.n, r.payload_hash
+            )?,
+        }
     }
     Ok(())
 }

@@ -215,6 +215,9 @@ pub struct Phase {
     /// The verifiers that must pass before the phase is done, in order: the phase's `done_when`
     /// if it has one (possibly empty), else every verifier with tier `phase`. Every name exists.
     pub gate: Vec<String>,
+    /// A person approves the phase (its exact commands or objective, and the diff so far)
+    /// before its first step runs.
+    pub approval: bool,
 }
 
 /// What a phase does. Approval phases are refused with "not supported yet".

@@ -106,6 +106,12 @@ pub enum Block {
     Loop {
         kind: String,
     },
+    /// A person rejected approval request `n` (or nobody decided it in time).
+    Rejected {
+        n: u32,
+        by: String,
+        reason: String,
+    },
 }
 
 /// What the policy check said about a tool call.
@@ -127,6 +133,66 @@ impl Decision {
     }
 }
 
+/// What an approval request holds back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "gate", rename_all = "snake_case")]
+pub enum Gate {
+    /// A phase whose contract says `approval = true`, before its first step.
+    Phase { phase: u32 },
+    /// Raising a budget that ran out.
+    BudgetRaise { budget: BudgetName, to: u64 },
+    /// Continuing in an environment that changed.
+    Migration,
+}
+
+/// One verification result shown with an approval request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Check {
+    pub verifier: String,
+    pub passed: bool,
+    pub status: String,
+    pub evidence: u32,
+}
+
+/// What happens to a request nobody decided by its deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnExpiry {
+    Reject,
+    Block,
+}
+
+/// A request for a person's decision, created by the harness (never by a driver's text): what
+/// is intended, the exact payload and its hash, the checks so far, the risk, the way back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalRequest {
+    /// 1-based number of the request within the run.
+    pub n: u32,
+    pub gate: Gate,
+    /// One sentence.
+    pub intent: String,
+    /// The exact payload: the commands, the diff, the JSON body.
+    pub payload: String,
+    /// blake3 of `payload`; a decision names it, and applies only to this payload.
+    pub payload_hash: String,
+    pub checks: Vec<Check>,
+    pub risk: String,
+    pub reversibility: Reversibility,
+    /// How to undo the action if it goes wrong (the compensation), or why it needs none.
+    pub rollback: String,
+    pub created_at_ms: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_expiry: Option<OnExpiry>,
+}
+
+impl ApprovalRequest {
+    pub fn hash_payload(payload: &str) -> String {
+        blake3::hash(payload.as_bytes()).to_hex().to_string()
+    }
+}
+
 /// Choices made on the command line for one run, overriding the contract's `[driver]`;
 /// recorded with the run so that a resume makes the same ones.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,6 +210,9 @@ pub struct PhaseOutline {
     pub commands: Vec<String>,
     #[serde(default)]
     pub agent: bool,
+    /// A person approves the phase before its first step.
+    #[serde(default)]
+    pub approval: bool,
 }
 
 /// Every kind of event keel writes, version 1.
@@ -268,6 +337,19 @@ pub enum EventBody {
         error_fingerprint: String,
     },
     /// The driver is going round in circles; `rejected_path` is kept so it is not tried again.
+    ApprovalRequested {
+        request: ApprovalRequest,
+    },
+    /// A person's decision on request `n`, naming the payload hash it approves or rejects.
+    ApprovalDecided {
+        n: u32,
+        approve: bool,
+        payload_hash: String,
+        by: String,
+        reason: String,
+        /// `cli`, `http`, `expiry`.
+        via: String,
+    },
     LoopDetected {
         step: StepId,
         /// `repeat`, `ping_pong`.
@@ -377,6 +459,8 @@ impl EventBody {
             EventBody::ScopeReverted { .. } => "scope_reverted",
             EventBody::VerificationFailed { .. } => "verification_failed",
             EventBody::LoopDetected { .. } => "loop_detected",
+            EventBody::ApprovalRequested { .. } => "approval_requested",
+            EventBody::ApprovalDecided { .. } => "approval_decided",
             EventBody::StepFinished { .. } => "step_finished",
             EventBody::EvidenceRecorded { .. } => "evidence_recorded",
             EventBody::StepVerified { .. } => "step_verified",

@@ -35,6 +35,28 @@ pub struct PhaseProgress {
     /// The driver called `finish` and the verifiers have not judged the claim yet.
     #[serde(default)]
     pub finish_claimed: bool,
+    /// The phase waits for a person's approval before its first step.
+    #[serde(default)]
+    pub gated: bool,
+    /// A person approved this phase's gate.
+    #[serde(default)]
+    pub approved: bool,
+}
+
+/// An approval request and, once made, the decision on it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Approval {
+    pub request: crate::event::ApprovalRequest,
+    pub decision: Option<ApprovalDecision>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalDecision {
+    pub approve: bool,
+    pub by: String,
+    pub reason: String,
+    pub via: String,
+    pub at_ms: i64,
 }
 
 /// One tool call of the agent step in progress, as far as it got.
@@ -138,6 +160,14 @@ pub struct Run {
     /// The driver choices made on the command line for this run.
     #[serde(default)]
     pub driver: Option<crate::event::DriverChoice>,
+    /// Every approval request of the run, with its decision once made.
+    #[serde(default)]
+    pub approvals: Vec<Approval>,
+    /// Time spent waiting for people (awaiting approval, waiting for an answer).
+    #[serde(default)]
+    pub human_wait_ms: u64,
+    #[serde(default)]
+    pub waiting_since_ms: Option<i64>,
     pub seq: u64,
     pub lease: u64,
     /// When the run last became active in this process, for wall-time accounting.
@@ -232,6 +262,8 @@ impl Run {
                     verified: false,
                     agent: p.agent,
                     finish_claimed: false,
+                    gated: p.approval,
+                    approved: false,
                 })
                 .collect(),
             cursor: 0,
@@ -254,6 +286,9 @@ impl Run {
             model_calls: 0,
             violations: 0,
             driver: driver.clone(),
+            approvals: Vec::new(),
+            human_wait_ms: 0,
+            waiting_since_ms: None,
             seq: 1,
             lease: 0,
             active_since_ms: None,
@@ -315,7 +350,18 @@ impl Run {
             let elapsed = u64::try_from(event.at_ms.saturating_sub(since)).unwrap_or(0);
             self.add(BudgetName::WallTime, elapsed);
         }
-        self.apply_body(&event.body)?;
+        let was_waiting = self.state.needs_human() && self.state != RunState::Blocked;
+        self.apply_body(&event.body, event.at_ms)?;
+        let waiting = self.state.needs_human() && self.state != RunState::Blocked;
+        match (was_waiting, waiting) {
+            (false, true) => self.waiting_since_ms = Some(event.at_ms),
+            (true, false) => {
+                if let Some(since) = self.waiting_since_ms.take() {
+                    self.human_wait_ms += u64::try_from(event.at_ms - since).unwrap_or(0);
+                }
+            }
+            _ => {}
+        }
         self.seq = event.seq;
         self.updated_at_ms = self.updated_at_ms.max(event.at_ms);
         self.active_since_ms = if self.active() {
@@ -359,7 +405,7 @@ impl Run {
         Ok(())
     }
 
-    fn apply_body(&mut self, body: &EventBody) -> Result<(), ApplyError> {
+    fn apply_body(&mut self, body: &EventBody, at_ms: i64) -> Result<(), ApplyError> {
         match body {
             EventBody::RunCreated { .. } => return Err(ApplyError::CreatedTwice),
             EventBody::StateChanged {
@@ -613,6 +659,67 @@ impl Run {
                     p.finish_claimed = false;
                 }
                 self.count_error(error_fingerprint);
+            }
+            EventBody::ApprovalRequested { request } => {
+                if request.n as usize != self.approvals.len() + 1 {
+                    return Err(ApplyError::Invalid(format!(
+                        "approval request {} after {} requests",
+                        request.n,
+                        self.approvals.len()
+                    )));
+                }
+                if request.payload_hash
+                    != crate::event::ApprovalRequest::hash_payload(&request.payload)
+                {
+                    return Err(ApplyError::Invalid(format!(
+                        "approval request {}: the payload hash does not match the payload",
+                        request.n
+                    )));
+                }
+                self.approvals.push(Approval {
+                    request: request.clone(),
+                    decision: None,
+                });
+                self.add(BudgetName::Approvals, 1);
+            }
+            EventBody::ApprovalDecided {
+                n,
+                approve,
+                payload_hash,
+                by,
+                reason,
+                via,
+            } => {
+                let approval = self
+                    .approvals
+                    .get_mut((*n as usize).wrapping_sub(1))
+                    .ok_or_else(|| {
+                        ApplyError::Invalid(format!("there is no approval request {n}"))
+                    })?;
+                if approval.decision.is_some() {
+                    return Err(ApplyError::Invalid(format!(
+                        "approval request {n} is decided already"
+                    )));
+                }
+                if *payload_hash != approval.request.payload_hash {
+                    return Err(ApplyError::Invalid(format!(
+                        "the decision names payload {payload_hash}, but request {n} is for {}",
+                        approval.request.payload_hash
+                    )));
+                }
+                approval.decision = Some(ApprovalDecision {
+                    approve: *approve,
+                    by: by.clone(),
+                    reason: reason.clone(),
+                    via: via.clone(),
+                    at_ms,
+                });
+                if let (true, crate::event::Gate::Phase { phase }) =
+                    (*approve, &approval.request.gate)
+                    && let Some(p) = self.phases.get_mut(*phase as usize)
+                {
+                    p.approved = true;
+                }
             }
             EventBody::LoopDetected { rejected_path, .. } => {
                 self.rejected_paths.push(rejected_path.clone());
@@ -880,6 +987,11 @@ impl Run {
         Ok(())
     }
 
+    /// The newest approval request that has no decision yet.
+    pub fn pending_approval(&self) -> Option<&Approval> {
+        self.approvals.iter().rev().find(|a| a.decision.is_none())
+    }
+
     /// Every artifact the run refers to: step outputs and evidence logs.
     pub fn artifacts(&self) -> Vec<String> {
         let mut out: Vec<String> = self
@@ -950,6 +1062,13 @@ impl Run {
             return Next::Checkpoint;
         }
         if let Some(phase) = self.phases.get(self.cursor as usize)
+            && phase.gated
+            && !phase.approved
+            && phase.steps.iter().all(|s| s.attempts == 0)
+        {
+            return Next::RequestApproval(self.cursor);
+        }
+        if let Some(phase) = self.phases.get(self.cursor as usize)
             && phase.agent
         {
             return match (phase.verified, phase.finish_claimed) {
@@ -988,6 +1107,8 @@ impl Run {
 pub enum Next {
     /// Nothing to do: the run is finished or waits for a person.
     Stop,
+    /// Ask a person to approve this phase before its first step.
+    RequestApproval(u32),
     /// A step was in progress when the last process stopped: undo it before going on.
     Recover(StepId),
     /// Take a checkpoint (the run's first, or the end of a verified phase).

@@ -57,6 +57,7 @@ impl Log {
                     name: "write".into(),
                     commands: vec![],
                     agent: true,
+                    approval: false,
                 }],
                 acceptance: vec!["hello".into()],
                 limits,
@@ -306,7 +307,12 @@ fn denials_are_violations_and_count_toward_same_error() {
     }
     assert_eq!(log.run.violations, 2);
     assert_eq!(log.run.used(BudgetName::SameError), 2);
-    assert!(log.run.observations.iter().any(|o| o.text == "DENIED: escapes"));
+    assert!(
+        log.run
+            .observations
+            .iter()
+            .any(|o| o.text == "DENIED: escapes")
+    );
     // A reply without calls tells the driver so.
     assert!(log.run.observations[0].text.contains("no tool call"));
 }
@@ -425,7 +431,10 @@ fn a_finish_claim_is_verified_next_and_a_failure_clears_it() {
 #[test]
 fn the_prompt_stays_within_its_limit_however_long_the_history() {
     let contract = Contract::parse("keel.toml", CONTRACT).unwrap();
-    let specs: Vec<_> = tools::BUILTIN.iter().filter_map(|t| tools::builtin(t)).collect();
+    let specs: Vec<_> = tools::BUILTIN
+        .iter()
+        .filter_map(|t| tools::builtin(t))
+        .collect();
     let mut log = Log::new();
     let mut sizes = Vec::new();
     for i in 0..120 {
@@ -435,8 +444,16 @@ fn the_prompt_stays_within_its_limit_however_long_the_history() {
             step: StepId { phase: 0, index: i },
             text: "a fact worth keeping ".repeat(20),
         });
-        let prompt = assemble(&contract, &log.run, 0, "Create hello.txt.", &specs, &Estimate, 6000)
-            .unwrap();
+        let prompt = assemble(
+            &contract,
+            &log.run,
+            0,
+            "Create hello.txt.",
+            &specs,
+            &Estimate,
+            6000,
+        )
+        .unwrap();
         assert!(prompt.tokens <= 6000, "step {i}: {} tokens", prompt.tokens);
         assert!(prompt.user.contains("Create hello.txt."));
         assert!(prompt.user.contains("hello.txt says hello"));
@@ -444,13 +461,19 @@ fn the_prompt_stays_within_its_limit_however_long_the_history() {
     }
     let early: u64 = sizes[10..30].iter().sum::<u64>() / 20;
     let late: u64 = sizes[100..120].iter().sum::<u64>() / 20;
-    assert!(late <= early + early / 10, "the prompt grew from {early} to {late} tokens");
+    assert!(
+        late <= early + early / 10,
+        "the prompt grew from {early} to {late} tokens"
+    );
 }
 
 #[test]
 fn a_limit_too_small_for_the_essentials_is_an_error_that_says_so() {
     let contract = Contract::parse("keel.toml", CONTRACT).unwrap();
-    let specs: Vec<_> = tools::BUILTIN.iter().filter_map(|t| tools::builtin(t)).collect();
+    let specs: Vec<_> = tools::BUILTIN
+        .iter()
+        .filter_map(|t| tools::builtin(t))
+        .collect();
     let log = Log::new();
     let err = assemble(&contract, &log.run, 0, "o", &specs, &Estimate, 100).unwrap_err();
     assert!(err.to_string().contains("raise context_tokens"), "{err}");

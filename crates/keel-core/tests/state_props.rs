@@ -35,11 +35,13 @@ fn created() -> Run {
                     name: "a".into(),
                     commands: vec!["x".into(), "y".into()],
                     agent: false,
+                    approval: false,
                 },
                 PhaseOutline {
                     name: "b".into(),
                     commands: vec!["z".into()],
                     agent: false,
+                    approval: false,
                 },
             ],
             acceptance: vec!["accept".into()],

@@ -10,6 +10,7 @@
 //! - resume never continues silently in a changed environment.
 
 mod agent;
+mod approvals;
 pub mod driver;
 mod environment;
 pub mod fault;
@@ -30,12 +31,13 @@ use keel_core::state::RunState;
 use keel_git::{Git, GitError};
 use keel_store::{ChainProblem, Lease, Store, StoreError, StoredEvent, verify_chain};
 
+pub use approvals::{Decided, DecisionError, decide};
 use environment::Environment;
 pub use environment::keel_excludes;
 
 /// How long a lease lasts without a commit. A holder on this machine whose process is gone
 /// loses it at once (see [`holder_is_stale`]).
-const LEASE_TTL_MS: i64 = 5 * 60 * 1000;
+pub(crate) const LEASE_TTL_MS: i64 = 5 * 60 * 1000;
 /// How many changed paths a drift report names.
 const NAMED_PATHS: usize = 10;
 /// How many lines, and bytes, of a failing verifier's output its evidence keeps for a prompt.
@@ -310,6 +312,7 @@ pub fn start(
                 PhaseKind::Agent { .. } => Vec::new(),
             },
             agent: matches!(p.kind, PhaseKind::Agent { .. }),
+            approval: p.approval,
         })
         .collect();
     let contract_dir = workspace_contract_dir(contract_path)?;
@@ -493,6 +496,10 @@ pub fn resume(
         return Ok(engine.run);
     }
     if !engine.check_drift(options, actor)? {
+        engine.release();
+        return Ok(engine.run);
+    }
+    if engine.run.state == RunState::AwaitingApproval && !engine.settle_approval()? {
         engine.release();
         return Ok(engine.run);
     }
@@ -939,6 +946,7 @@ impl Engine<'_> {
         loop {
             match self.run.next() {
                 Next::Stop => return Ok(()),
+                Next::RequestApproval(phase) => self.request_phase_approval(phase)?,
                 Next::Recover(step) if self.is_agent_phase(step.phase) => {
                     self.agent_step(step)?;
                     self.after_step()?;
@@ -1595,6 +1603,15 @@ impl Engine<'_> {
                     None,
                 )?;
                 Ok(true)
+            }
+            // A rejection stands; a person who changed their mind cancels, or a new run asks
+            // again.
+            Some(Block::Rejected { n, by, .. }) => {
+                self.observer.progress(
+                    &self.run,
+                    Progress::Note(&format!("approval request {n} was rejected by {by}")),
+                );
+                Ok(false)
             }
             // Settled by `check_drift`.
             Some(Block::Drift { .. }) | None => Ok(true),

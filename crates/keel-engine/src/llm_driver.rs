@@ -84,7 +84,8 @@ impl LlmDriver {
             Some((name, value)) if !value.is_empty() => {
                 let text = String::from_utf8_lossy(&bytes);
                 if text.contains(value.as_str()) {
-                    text.replace(value.as_str(), &format!("[{name}]")).into_bytes()
+                    text.replace(value.as_str(), &format!("[{name}]"))
+                        .into_bytes()
                 } else {
                     bytes
                 }

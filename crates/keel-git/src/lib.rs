@@ -304,6 +304,34 @@ impl Git {
         })
     }
 
+    /// The unified diff (git's patch format, binary files named but not shown) between two
+    /// tree-ish, for a person to read: what an approval request shows.
+    pub fn diff_text(&self, from: &str, to: &str) -> Result<String, GitError> {
+        check_rev("tree", from)?;
+        check_rev("tree", to)?;
+        let mut diff = self.git().args([
+            "diff-tree",
+            "-r",
+            "-p",
+            "--no-commit-id",
+            "--no-renames",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--no-color",
+            from,
+            to,
+        ]);
+        if !self.excludes.is_empty() {
+            diff = diff.args(["--", "."]).args(
+                self.excludes
+                    .iter()
+                    .map(|e| format!(":(exclude,top,literal){e}")),
+            );
+        }
+        let out = diff.run()?;
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
     /// Makes the files of the working tree equal to `tree`: writes every file of the tree that
     /// differs on disk, deletes untracked (non-ignored, non-excluded) files not in it. Ignored
     /// and excluded files stay. Does not move HEAD or the branch and leaves the user's index

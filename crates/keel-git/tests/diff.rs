@@ -143,3 +143,18 @@ fn diff_reports_paths_with_spaces_and_non_ascii_verbatim() {
     );
     assert_eq!(diff.lines_added, 2);
 }
+
+#[test]
+fn diff_text_is_a_readable_patch() {
+    let repo = Repo::with_commit(&[("a.txt", "one\n")]);
+    let git = repo.open(&[".keel"]);
+    let before = git.worktree_tree().unwrap();
+    repo.write("a.txt", "one\ntwo\n");
+    repo.write(".keel/x", "keel's own\n");
+    let after = git.worktree_tree().unwrap();
+    let text = git.diff_text(&before, &after).unwrap();
+    assert!(text.contains("--- a/a.txt"), "{text}");
+    assert!(text.contains("+two"), "{text}");
+    assert!(!text.contains(".keel"), "{text}");
+    assert_eq!(git.diff_text(&before, &before).unwrap(), "");
+}

@@ -276,7 +276,8 @@ pub(super) struct RawPhase {
     /// search, write, patch, run, plan, note, finish, blocked.
     #[schemars(with = "Option<Vec<String>>")]
     pub tools: Option<Spanned<Vec<Spanned<String>>>>,
-    /// Ask a human before the phase runs (not supported yet; only false is accepted).
+    /// Ask a person before the phase runs: the run waits, with the phase's exact commands (or
+    /// objective) and the diff so far, until someone approves or rejects that payload.
     #[schemars(with = "Option<bool>")]
     pub approval: Option<Spanned<bool>>,
     /// What undoing the phase's effects takes. Command phases are `reversible` (inside the

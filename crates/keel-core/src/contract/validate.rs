@@ -594,6 +594,11 @@ impl Validator<'_, '_> {
                     name: phase.get_ref().name.get_ref().clone(),
                     kind,
                     gate,
+                    approval: phase
+                        .get_ref()
+                        .approval
+                        .as_ref()
+                        .is_some_and(|a| *a.get_ref()),
                 }),
                 _ => ok = false,
             }
@@ -646,16 +651,6 @@ impl Validator<'_, '_> {
     /// version of keel cannot run are refused here, each at its own key.
     fn phase_kind(&mut self, header: Range<usize>, phase: &RawPhase) -> Option<PhaseKind> {
         let mut ok = true;
-        if let Some(approval) = &phase.approval
-            && *approval.get_ref()
-        {
-            self.d.at(
-                &approval.span(),
-                "approval = true is not supported yet: this version of keel cannot pause a \
-                 run for a human; remove the key or set it to false",
-            );
-            ok = false;
-        }
         if let Some(secrets) = &phase.secrets
             && !secrets.get_ref().is_empty()
         {

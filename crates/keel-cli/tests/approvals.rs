@@ -1,0 +1,215 @@
+//! Approval gates: a gated phase stops the run waiting for a person (exit 3, no process left),
+//! the request carries the exact payload and its hash, a decision applies only to that hash, is
+//! recorded once however often it is delivered, and `keel resume` carries out what was approved.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{Fixture, kinds, state};
+use serde_json::Value;
+
+fn contract(marker: &std::path::Path) -> String {
+    format!(
+        r#"
+[task]
+goal = "The note is published."
+
+[[verify]]
+name = "published"
+tier = "acceptance"
+run = "test -f published.txt"
+
+[[phase]]
+name = "write"
+kind = "command"
+run = ["echo note > note.txt"]
+
+[[phase]]
+name = "publish"
+kind = "command"
+approval = true
+run = ["cp note.txt published.txt; echo published >> {}"]
+"#,
+        marker.display()
+    )
+}
+
+struct Gated {
+    f: Fixture,
+    _outside: tempfile::TempDir,
+    marker: std::path::PathBuf,
+    id: String,
+}
+
+fn gated() -> Gated {
+    let outside = tempfile::tempdir().unwrap();
+    let marker = outside.path().join("published-count");
+    let f = Fixture::new(&contract(&marker));
+    let (id, out) = f.start(&[]);
+    assert_eq!(out.status.code(), Some(3), "{}", f.explain(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("awaiting_approval"));
+    Gated {
+        f,
+        _outside: outside,
+        marker,
+        id,
+    }
+}
+
+fn pending(f: &Fixture) -> Vec<Value> {
+    let out = f.expect(&["approvals", "--json"], 0);
+    serde_json::from_slice::<Value>(&out.stdout)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+#[test]
+fn a_gated_phase_waits_with_its_exact_payload_and_an_approval_lets_resume_finish() {
+    let g = gated();
+    let f = &g.f;
+    assert_eq!(state(&f.status(&g.id)), "awaiting_approval");
+    assert!(!f.path("published.txt").exists(), "nothing ran before the approval");
+    let list = pending(f);
+    assert_eq!(list.len(), 1);
+    let request = &list[0];
+    let payload = request["payload"].as_str().unwrap();
+    assert!(payload.contains("cp note.txt published.txt"), "{payload}");
+    assert!(payload.contains("+note"), "the diff so far is shown: {payload}");
+    let hash = request["payload_hash"].as_str().unwrap();
+    assert_eq!(hash, blake3::hash(payload.as_bytes()).to_hex().as_str());
+    for key in ["intent", "risk", "rollback", "checks", "reversibility"] {
+        assert!(!request[key].is_null(), "request has no {key}: {request:#}");
+    }
+    // Nothing happens by resuming without a decision.
+    f.expect(&["resume", &g.id], 3);
+
+    f.expect(
+        &["approve", &g.id, "1", "--payload-hash", hash, "--reason", "ok"],
+        0,
+    );
+    f.expect(&["resume", &g.id], 0);
+    assert!(f.path("published.txt").exists());
+    let status = f.status(&g.id);
+    assert_eq!(state(&status), "completed");
+    assert!(status["human_wait_ms"].as_u64().is_some());
+    assert_eq!(status["approvals"][0]["decision"]["approve"], true);
+    f.verify_log_ok(&g.id);
+}
+
+#[test]
+fn a_stale_payload_hash_is_refused_and_changes_nothing() {
+    let g = gated();
+    let f = &g.f;
+    let before = f.events(&g.id).len();
+    let out = f.expect(
+        &["approve", &g.id, "1", "--payload-hash", &"0".repeat(64)],
+        2,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("payload changed"), "{err}");
+    assert_eq!(f.events(&g.id).len(), before);
+    f.expect(&["resume", &g.id], 3);
+    assert!(!f.path("published.txt").exists());
+}
+
+#[test]
+fn the_same_approval_delivered_twice_is_one_decision_and_one_execution() {
+    let g = gated();
+    let f = &g.f;
+    let hash = pending(f)[0]["payload_hash"].as_str().unwrap().to_string();
+    let approve = ["approve", &g.id, "1", "--payload-hash", &hash];
+    f.expect(&approve, 0);
+    let out = f.expect(&approve, 0);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("already approved"));
+    // A conflicting decision after it is refused.
+    f.expect(
+        &["reject", &g.id, "1", "--payload-hash", &hash, "--reason", "no"],
+        2,
+    );
+    f.expect(&["resume", &g.id], 0);
+    f.expect(&["resume", &g.id], 0);
+    let decided = kinds(&f.events(&g.id))
+        .iter()
+        .filter(|k| *k == "approval_decided")
+        .count();
+    assert_eq!(decided, 1);
+    assert_eq!(
+        std::fs::read_to_string(&g.marker).unwrap(),
+        "published\n",
+        "the gated action ran once"
+    );
+}
+
+#[test]
+fn concurrent_approvals_make_one_decision() {
+    let g = gated();
+    let f = &g.f;
+    let hash = pending(f)[0]["payload_hash"].as_str().unwrap().to_string();
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            f.keel()
+                .args(["approve", &g.id, "1", "--payload-hash", &hash])
+                .output()
+        })
+        .collect();
+    for out in children {
+        assert_eq!(out.unwrap().status.code(), Some(0));
+    }
+    let decided = kinds(&f.events(&g.id))
+        .iter()
+        .filter(|k| *k == "approval_decided")
+        .count();
+    assert_eq!(decided, 1);
+}
+
+#[test]
+fn a_rejection_blocks_the_run_and_the_gated_action_never_runs() {
+    let g = gated();
+    let f = &g.f;
+    let hash = pending(f)[0]["payload_hash"].as_str().unwrap().to_string();
+    // A rejection needs a reason.
+    f.expect(
+        &["reject", &g.id, "1", "--payload-hash", &hash, "--reason", " "],
+        2,
+    );
+    f.expect(
+        &["reject", &g.id, "1", "--payload-hash", &hash, "--reason", "not today"],
+        0,
+    );
+    let out = f.expect(&["resume", &g.id], 4);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("not today"));
+    let status = f.status(&g.id);
+    assert_eq!(status["block"]["cause"], "rejected");
+    assert!(!f.path("published.txt").exists());
+    assert!(!g.marker.exists());
+    f.expect(&["resume", &g.id], 4);
+}
+
+#[test]
+fn the_approvals_budget_bounds_how_often_a_person_is_asked() {
+    let outside = tempfile::tempdir().unwrap();
+    let marker = outside.path().join("m");
+    let text = format!("{}\n[budget]\napprovals = 1\n", contract(&marker))
+        .replace("[budget]\napprovals = 1\n", "")
+        .replace("[task]", "[budget]\napprovals = 1\n\n[task]");
+    // Two gated phases, one approval allowed.
+    let text = format!(
+        "{text}\n[[phase]]\nname = \"announce\"\nkind = \"command\"\napproval = true\nrun = [\"echo hi > announced.txt\"]\n"
+    );
+    let f = Fixture::new(&text);
+    let (id, out) = f.start(&[]);
+    assert_eq!(out.status.code(), Some(3), "{}", f.explain(&out));
+    let hash = pending(&f)[0]["payload_hash"].as_str().unwrap().to_string();
+    f.expect(&["approve", &id, "1", "--payload-hash", &hash], 0);
+    let out = f.expect(&["resume", &id], 4);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("budget `approvals` exhausted"),
+        "{}",
+        f.explain(&out)
+    );
+    assert!(f.path("published.txt").exists());
+    assert!(!f.path("announced.txt").exists());
+}

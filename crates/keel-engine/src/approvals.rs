@@ -1,0 +1,288 @@
+//! Approval gates: a phase with `approval = true` waits, with no process, until a person decides
+//! on its exact payload. Decisions arrive from any process (CLI now, HTTP later) and are recorded
+//! once: the first decision on a request is the one that counts.
+
+use keel_core::agent::Reversibility;
+use keel_core::budget::BudgetName;
+use keel_core::contract::PhaseKind;
+use keel_core::event::{ApprovalRequest, Block, Check, Event, EventBody, Gate};
+use keel_core::run::Run;
+use keel_core::state::RunState;
+use keel_store::Store;
+
+use crate::{Actor, Engine, EngineError, LEASE_TTL_MS, holder_is_stale, now_ms};
+
+/// How much of a diff an approval payload shows in full.
+const PAYLOAD_DIFF_BYTES: usize = 512 * 1024;
+
+impl Engine<'_> {
+    /// The exact payload of a phase gate: what the phase will do, and the change so far.
+    fn phase_payload(&self, phase: u32) -> Result<(String, Reversibility), EngineError> {
+        let Some(p) = self.contract.phases.get(phase as usize) else {
+            return Ok((String::new(), Reversibility::Reversible));
+        };
+        let mut payload = match &p.kind {
+            PhaseKind::Command { run, .. } => {
+                let mut text = format!("phase `{}` runs these commands, in order:\n", p.name);
+                for command in run {
+                    text.push_str(&format!("  $ {command}\n"));
+                }
+                text
+            }
+            PhaseKind::Agent {
+                objective, tools, ..
+            } => format!(
+                "phase `{}` lets the driver work toward:\n  {objective}\nwith the tools: {}\n",
+                p.name,
+                tools.join(", ")
+            ),
+        };
+        let diff = self
+            .env
+            .git
+            .diff_text(&self.run.base.tree, &self.run.fingerprint.tree)?;
+        payload.push_str("\nthe workspace's change so far (against the run's base):\n");
+        if diff.is_empty() {
+            payload.push_str("(no change)\n");
+        } else {
+            payload.push_str(&keel_core::run::cut(&diff, PAYLOAD_DIFF_BYTES));
+        }
+        Ok((payload, Reversibility::Reversible))
+    }
+
+    /// Creates the approval request of a gated phase and stops the run to wait for it.
+    pub(crate) fn request_phase_approval(&mut self, phase: u32) -> Result<(), EngineError> {
+        if let Some(limit) = self.run.limits.get(BudgetName::Approvals)
+            && self.run.used(BudgetName::Approvals) >= limit
+        {
+            return self.block_budget(keel_core::event::BudgetStop {
+                budget: BudgetName::Approvals,
+                used: self.run.used(BudgetName::Approvals),
+                limit,
+            });
+        }
+        let name = self.run.phases[phase as usize].name.clone();
+        let (payload, reversibility) = self.phase_payload(phase)?;
+        let checks = self
+            .run
+            .evidence
+            .values()
+            .map(|e| Check {
+                verifier: e.verifier.clone(),
+                passed: e.passed,
+                status: e.status.clone(),
+                evidence: e.n,
+            })
+            .collect();
+        let last_checkpoint = self.run.checkpoints.saturating_sub(1);
+        let request = ApprovalRequest {
+            n: self.run.approvals.len() as u32 + 1,
+            gate: Gate::Phase { phase },
+            intent: format!(
+                "Run phase `{name}` of \"{}\".",
+                keel_core::run::cut(&self.contract.task.goal, 200)
+            ),
+            payload_hash: ApprovalRequest::hash_payload(&payload),
+            payload,
+            checks,
+            risk: format!(
+                "{reversibility}: the phase's commands act on the workspace; anything they do \
+                 outside it (a push, a message, a payment) is not undone by keel"
+            ),
+            reversibility,
+            rollback: format!(
+                "restore the workspace to checkpoint {last_checkpoint}: git checkout {} -- .",
+                keel_core::checkpoint::Checkpoint::snapshot_ref(&self.run.id, last_checkpoint)
+            ),
+            created_at_ms: now_ms(),
+            expires_at_ms: None,
+            on_expiry: None,
+        };
+        let n = request.n;
+        let reason = format!(
+            "waiting for approval request {n} (phase `{name}`); see `keel approvals {}`",
+            self.run.id
+        );
+        self.commit(vec![
+            EventBody::ApprovalRequested { request },
+            self.state_change(RunState::AwaitingApproval, &reason, None),
+        ])?;
+        self.checkpoint()
+    }
+
+    /// On resume of a run awaiting approval: a decision that arrived moves it on (approve) or
+    /// stops it (reject). Returns whether the run may go on.
+    pub(crate) fn settle_approval(&mut self) -> Result<bool, EngineError> {
+        let Some(approval) = self.run.approvals.last().cloned() else {
+            return Ok(false);
+        };
+        let Some(decision) = approval.decision else {
+            return Ok(false);
+        };
+        let n = approval.request.n;
+        if !decision.approve {
+            self.set_state(
+                RunState::Blocked,
+                &format!(
+                    "approval request {n} was rejected by {}: {}",
+                    decision.by, decision.reason
+                ),
+                Some(Block::Rejected {
+                    n,
+                    by: decision.by.clone(),
+                    reason: decision.reason.clone(),
+                }),
+            )?;
+            return Ok(false);
+        }
+        // An approval applies to the payload it names: if what would run has changed since,
+        // it asks again.
+        if let Gate::Phase { phase } = approval.request.gate {
+            let (payload, _) = self.phase_payload(phase)?;
+            if ApprovalRequest::hash_payload(&payload) != approval.request.payload_hash {
+                self.set_state(
+                    RunState::Executing,
+                    &format!("approval {n} was for another payload; asking again"),
+                    None,
+                )?;
+                self.request_phase_approval(phase)?;
+                return Ok(false);
+            }
+        }
+        self.set_state(
+            RunState::Executing,
+            &format!(
+                "approval request {n} approved by {}: {}",
+                decision.by, decision.reason
+            ),
+            None,
+        )?;
+        Ok(true)
+    }
+}
+
+/// What came of delivering a decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decided {
+    /// This delivery is the decision.
+    Recorded(Box<Run>),
+    /// The request was decided before (this delivery changed nothing); `same` says whether the
+    /// earlier decision was the same as this one.
+    Already {
+        same: bool,
+        approve: bool,
+        by: String,
+    },
+}
+
+/// Why a decision was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum DecisionError {
+    #[error("run {run} has no approval request {n}; see `keel approvals {run}`")]
+    NoRequest { run: String, n: u32 },
+    #[error(
+        "request {n} is for payload {expected}, but the decision names {given}: the payload changed or the hash is mistyped; look again with `keel approvals {run}`"
+    )]
+    StalePayload {
+        run: String,
+        n: u32,
+        expected: String,
+        given: String,
+    },
+    #[error("a rejection needs a reason")]
+    NoReason,
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+/// Records a person's decision on approval request `n` of a run. Any process may call it; the
+/// first decision on a request is the one that counts, and a second delivery changes nothing.
+#[allow(clippy::too_many_arguments)]
+pub fn decide(
+    store: &mut Store,
+    run_id: &str,
+    n: u32,
+    approve: bool,
+    payload_hash: &str,
+    reason: &str,
+    actor: &Actor,
+    via: &str,
+) -> Result<Decided, DecisionError> {
+    let id = store.resolve_run(run_id).map_err(EngineError::from)?;
+    if !approve && reason.trim().is_empty() {
+        return Err(DecisionError::NoReason);
+    }
+    // Writers of one run take turns through its lease; a decision needs it only briefly.
+    let lease = acquire_briefly(store, &id, actor)?;
+    let result = (|| {
+        let mut run = store.run(&id).map_err(EngineError::from)?;
+        let Some(approval) = run.approvals.get((n as usize).wrapping_sub(1)).cloned() else {
+            return Err(DecisionError::NoRequest { run: id.clone(), n });
+        };
+        if let Some(d) = &approval.decision {
+            return Ok(Decided::Already {
+                same: d.approve == approve,
+                approve: d.approve,
+                by: d.by.clone(),
+            });
+        }
+        if approval.request.payload_hash != payload_hash {
+            return Err(DecisionError::StalePayload {
+                run: id.clone(),
+                n,
+                expected: approval.request.payload_hash.clone(),
+                given: payload_hash.to_string(),
+            });
+        }
+        let event = Event {
+            run_id: id.clone(),
+            seq: run.seq + 1,
+            at_ms: now_ms(),
+            body: EventBody::ApprovalDecided {
+                n,
+                approve,
+                payload_hash: payload_hash.to_string(),
+                by: actor.by.clone(),
+                reason: reason.to_string(),
+                via: via.to_string(),
+            },
+        };
+        run.apply(&event).map_err(|source| EngineError::Apply {
+            run: id.clone(),
+            source,
+        })?;
+        store
+            .commit(&lease, &[event], &run, None, 0)
+            .map_err(EngineError::from)?;
+        Ok(Decided::Recorded(Box::new(run)))
+    })();
+    let _ = store.release(&lease);
+    result
+}
+
+/// Takes a run's lease for a short write, waiting (up to a few seconds) while another process
+/// holds it for one.
+fn acquire_briefly(
+    store: &mut Store,
+    id: &str,
+    actor: &Actor,
+) -> Result<keel_store::Lease, EngineError> {
+    let mut waited = 0;
+    loop {
+        match store.acquire(
+            id,
+            &actor.holder,
+            now_ms(),
+            LEASE_TTL_MS,
+            false,
+            &holder_is_stale,
+        ) {
+            Ok(lease) => return Ok(lease),
+            Err(keel_store::StoreError::LeaseHeld { .. }) if waited < 100 => {
+                waited += 1;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
