@@ -232,10 +232,11 @@ pub fn assemble(
         list(&scope.forbidden, "nothing"),
         list(&scope.commands, "any"),
     ));
+    // The step being decided is already started (and counted) when its prompt is assembled.
     let step_no = run
         .phases
         .get(phase)
-        .map_or(0, |p| p.steps.len() as u64 + 1);
+        .map_or(0, |p| p.steps.len().max(1) as u64);
     let phase_text = format!(
         "\n## Phase {}/{}: {phase_name} (step {step_no})\nObjective: {objective}\n",
         phase + 1,

@@ -745,7 +745,10 @@ impl Run {
                     let excess = self.recent.len().saturating_sub(KEPT_SIGNATURES);
                     self.recent.drain(..excess);
                 }
-                self.add(BudgetName::Writes, *files_written);
+                // An agent step's writes were counted call by call.
+                if !self.in_progress.as_ref().is_some_and(|p| p.agent) {
+                    self.add(BudgetName::Writes, *files_written);
+                }
                 self.add(BudgetName::ComputeTime, *cpu_ms);
                 self.used.insert(BudgetName::FilesChanged, *diff_files);
                 self.used.insert(BudgetName::DiffLines, *diff_lines);

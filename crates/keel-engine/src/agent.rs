@@ -457,7 +457,12 @@ impl Engine<'_> {
             return deny(rule, class);
         }
         let writes = matches!(call.name.as_str(), "write" | "patch" | "run");
-        for (budget, applies) in [(BudgetName::ToolCalls, true), (BudgetName::Writes, writes)] {
+        for (budget, applies) in [
+            (BudgetName::ToolCalls, true),
+            (BudgetName::Tokens, true),
+            (BudgetName::CostUsd, true),
+            (BudgetName::Writes, writes),
+        ] {
             if let Some(limit) = self.run.limits.get(budget)
                 && applies
                 && self.run.used(budget) >= limit
@@ -722,6 +727,11 @@ impl Engine<'_> {
         let post = self.env.fingerprint(&self.contract)?;
         let base_tree = self.run.base.tree.clone();
         let whole = self.env.git.diff(&base_tree, &post.tree)?;
+        let files_written = if post.tree == pre {
+            0
+        } else {
+            self.env.git.diff(&pre, &post.tree)?.files_changed
+        };
         let signature = blake3::hash(outcomes.join("\n").as_bytes()).to_hex()[..16].to_string();
         let output = self.store.artifacts().put(outcomes.join("\n").as_bytes())?;
         self.commit(vec![EventBody::StepFinished {
@@ -733,7 +743,7 @@ impl Engine<'_> {
             cpu_ms: 0,
             output,
             post: post.clone(),
-            files_written: 0,
+            files_written,
             diff_files: whole.files_changed,
             diff_lines: whole.lines_added + whole.lines_removed,
         }])?;

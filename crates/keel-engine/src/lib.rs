@@ -238,6 +238,10 @@ pub fn make_driver(
     let Some(d) = &contract.driver else {
         return Ok(None);
     };
+    // The API key's variable is keel's alone: no command it runs sees it.
+    if let Some(name) = d.api_key.as_deref().and_then(|k| k.strip_prefix("secret:")) {
+        process::hide_from_commands(name);
+    }
     if !has_agent && choice.kind.is_none() && choice.model.is_none() {
         return Ok(None);
     }
@@ -677,6 +681,25 @@ pub fn unblock(
             "give a --reason: raising a budget is recorded with who and why".into(),
         ));
     }
+    // What resume will need must be at hand before anything is raised: a raise that cannot be
+    // followed by a resume would be repeated by the next attempt.
+    let (_, source) =
+        store
+            .contract(&run.contract_hash)?
+            .ok_or_else(|| EngineError::ContractMissing {
+                run: id.clone(),
+                hash: run.contract_hash.clone(),
+            })?;
+    let contract = Contract::parse(&run.contract_file, &source)?;
+    let contract_dir = Path::new(&run.contract_file)
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    make_driver(
+        &contract,
+        &contract_dir,
+        &run.driver.clone().unwrap_or_default(),
+    )?;
     let lease = store.acquire(
         &id,
         &actor.holder,

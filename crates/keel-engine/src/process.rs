@@ -14,6 +14,19 @@ use nix::unistd::Pid;
 
 use crate::fault;
 
+/// Environment variables no command keel runs may see: the secrets keel itself uses (the
+/// model's API key). Registered when a run's driver is made.
+static HIDDEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Keeps `name` out of the environment of every command keel runs from now on.
+pub fn hide_from_commands(name: &str) {
+    if let Ok(mut hidden) = HIDDEN.lock()
+        && !hidden.iter().any(|h| h == name)
+    {
+        hidden.push(name.to_string());
+    }
+}
+
 /// How long a command gets between SIGTERM and SIGKILL at its timeout.
 const GRACE: Duration = Duration::from_secs(2);
 
@@ -59,6 +72,12 @@ pub fn run_shell(
         .process_group(0);
     for (k, v) in env {
         cmd.env(k, v);
+    }
+    // Last, so that nothing puts a hidden variable back.
+    if let Ok(hidden) = HIDDEN.lock() {
+        for name in hidden.iter() {
+            cmd.env_remove(name);
+        }
     }
     die_with_parent(&mut cmd);
     let cpu_before = cpu_ms_of_children();
@@ -148,6 +167,21 @@ mod tests {
         assert_eq!(o.status, "exit 3");
         let text = std::fs::read_to_string(out).unwrap();
         assert!(text.contains("hello") && text.contains("oops"));
+    }
+
+    #[test]
+    fn hidden_variables_never_reach_a_command() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        // Handed to the command explicitly, and still not seen once hidden.
+        let secret = [("KEEL_TEST_HIDDEN", "sk-secret".to_string())];
+        let shown = "echo \"[${KEEL_TEST_HIDDEN-unset}]\"";
+        run_shell(shown, dir.path(), &secret, &out, Duration::from_secs(30)).unwrap();
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "[sk-secret]\n");
+        hide_from_commands("KEEL_TEST_HIDDEN");
+        let o = run_shell(shown, dir.path(), &secret, &out, Duration::from_secs(30)).unwrap();
+        assert!(o.success);
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "[unset]\n");
     }
 
     #[test]

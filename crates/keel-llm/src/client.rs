@@ -156,14 +156,19 @@ impl Client {
                     last: failure.detail,
                 });
             }
-            let wait = failure.retry_after.unwrap_or_else(|| {
-                backoff(
-                    retry,
-                    self.config.backoff_base,
-                    self.config.backoff_max,
-                    fastrand::f64(),
-                )
-            });
+            // A server's Retry-After is honoured up to backoff_max: a server may not park keel
+            // for a day.
+            let wait = failure
+                .retry_after
+                .map(|d| d.min(self.config.backoff_max))
+                .unwrap_or_else(|| {
+                    backoff(
+                        retry,
+                        self.config.backoff_base,
+                        self.config.backoff_max,
+                        fastrand::f64(),
+                    )
+                });
             sleep(wait);
             retries.push(failure.line);
         }

@@ -42,7 +42,7 @@ fn a_429_then_200_is_retried_once_within_the_jitter_bounds() {
 }
 
 #[test]
-fn retry_after_overrides_the_backoff() {
+fn retry_after_overrides_the_backoff_up_to_its_cap() {
     let server = FakeServer::start(vec![
         Reply::json(429, RATE_LIMITED).with_header("retry-after", "7"),
         Reply::json(503, "").with_header("retry-after", "0.5"),
@@ -52,9 +52,10 @@ fn retry_after_overrides_the_backoff() {
     let mut sleeps = Vec::new();
     let exchange = client.send(b"{}", &mut no_sleep(&mut sleeps)).unwrap();
     assert_eq!(exchange.attempts, 3);
+    // Retry-After wins over the backoff, but never beyond backoff_max (1 s here).
     assert_eq!(
         sleeps,
-        vec![Duration::from_secs(7), Duration::from_millis(500)]
+        vec![Duration::from_secs(1), Duration::from_millis(500)]
     );
 }
 
