@@ -191,6 +191,7 @@ fn scenario(steps: usize, context_tokens: u64) -> Result<Scenario> {
             contract,
             run_id: &id,
             choice: &choice,
+            detach: false,
         },
         &actor,
         &mut Quiet,

@@ -134,6 +134,45 @@ enum Command {
         #[arg(long)]
         reason: String,
     },
+    /// Answer question N that the driver asked (the `ask` tool); `keel resume` goes on with it.
+    Answer { run: String, n: u32, text: String },
+    /// Put a run on an incident hold: whatever drives it stops at its next write, nothing runs.
+    Freeze {
+        run: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Lift an incident hold.
+    Unfreeze {
+        run: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Claim runnable runs from the store and drive them: runs whose approval or answer arrived,
+    /// runs left by `keel run --detach`, runs whose process died. Stops at a step boundary on
+    /// SIGTERM or Ctrl-C.
+    Worker {
+        /// Stop when nothing is runnable instead of waiting for more.
+        #[arg(long)]
+        once: bool,
+        /// How long to wait between looks when nothing is runnable.
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        poll: std::time::Duration,
+        /// How long a run's lease lasts without a heartbeat: how soon another worker takes over a
+        /// run whose worker died.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        lease_ttl: std::time::Duration,
+    },
+    /// Serve the HTTP API and the web page (runs, live timelines, the approval inbox). Every
+    /// request needs the bearer token, printed at start; run `keel worker` beside it to carry out
+    /// decisions.
+    Serve {
+        #[arg(long, default_value = "127.0.0.1:7777")]
+        addr: std::net::SocketAddr,
+        /// The bearer token (default: a new random one, printed).
+        #[arg(long, env = "KEEL_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
     /// Stop a run for good (it ends `failed`), recorded with who and why.
     Cancel {
         run: String,
@@ -238,12 +277,6 @@ fn dispatch(cli: Cli) -> Result<u8> {
             driver,
             model,
         } => {
-            if detach {
-                return Err(Usage(
-                    "`keel run --detach` is not supported yet: there is no `keel worker` to pick the run up; run without --detach".into(),
-                )
-                .into());
-            }
             let parsed = keel_engine::load_contract(&contract)?;
             let store_path = match cli.store {
                 Some(p) => p,
@@ -275,8 +308,18 @@ fn dispatch(cli: Cli) -> Result<u8> {
                 contract: parsed,
                 run_id: &id,
                 choice: &choice,
+                detach,
             };
             let result = keel_engine::start(&mut store, new, &actor, &mut observer, &mut announce);
+            if detach {
+                let run = result?;
+                let _ = writeln!(
+                    out,
+                    "{}: left for a worker (`keel worker` drives it)",
+                    run.state
+                );
+                return Ok(exit::COMPLETED);
+            }
             finish(&store, result, &observer)
         }
         Command::Resume {
@@ -287,6 +330,7 @@ fn dispatch(cli: Cli) -> Result<u8> {
             let mut store = open_store(cli.store)?;
             let options = ResumeOptions {
                 migrate: if migrate { reason } else { None },
+                lease_ttl_ms: None,
             };
             let mut observer = Terminal::new();
             let result = keel_engine::resume(&mut store, &run, &options, &actor, &mut observer);
@@ -341,6 +385,82 @@ fn dispatch(cli: Cli) -> Result<u8> {
             payload_hash,
             reason,
         } => decide(cli.store, &run, n, false, &payload_hash, &reason, &actor),
+        Command::Worker {
+            once,
+            poll,
+            lease_ttl,
+        } => {
+            let store_path = store_path(cli.store)?;
+            for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+                signal_hook::flag::register(signal, keel_engine::stop_flag())?;
+            }
+            let options = keel_engine::worker::WorkerOptions {
+                actor: actor.clone(),
+                lease_ttl_ms: i64::try_from(lease_ttl.as_millis()).unwrap_or(i64::MAX),
+                poll,
+                once,
+            };
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            let mut observer = Terminal::new();
+            let report = keel_engine::worker::work(&store_path, &options, &stop, &mut observer)?;
+            for (id, state) in &report.driven {
+                let _ = writeln!(out, "run {id}: {state}");
+            }
+            for (id, error) in &report.errors {
+                let _ = writeln!(out, "run {id}: not driven: {error}");
+            }
+            Ok(exit::COMPLETED)
+        }
+        Command::Serve { addr, token } => {
+            let store = store_path(cli.store)?;
+            let token = match token {
+                Some(t) => t,
+                None => keel_server::new_token()?,
+            };
+            if !addr.ip().is_loopback() {
+                eprintln!(
+                    "warning: serving on {addr}, which is not a loopback address: anyone who can reach it and has the token can approve"
+                );
+            }
+            let config = keel_server::ServeConfig {
+                store,
+                addr,
+                token: token.clone(),
+            };
+            keel_server::serve_with_ready(config, |bound| {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "keel serve on http://{bound}");
+                let _ = writeln!(out, "open {}", keel_server::page_url(bound, &token));
+                let _ = out.flush();
+            })?;
+            Ok(exit::COMPLETED)
+        }
+        Command::Answer { run, n, text } => {
+            let mut store = open_store(cli.store)?;
+            match keel_engine::answer(&mut store, &run, n, &text, &actor, "cli")? {
+                keel_engine::Answered::Recorded(run) => {
+                    let _ = writeln!(
+                        out,
+                        "question #{n} of run {} answered; `keel resume {}` (or a worker) goes on",
+                        run.id, run.id
+                    );
+                    Ok(exit::COMPLETED)
+                }
+                keel_engine::Answered::Already { same: true, by } => {
+                    let _ = writeln!(
+                        out,
+                        "question #{n} was already answered so by {by}; nothing changed"
+                    );
+                    Ok(exit::COMPLETED)
+                }
+                keel_engine::Answered::Already { same: false, by } => Err(Usage(format!(
+                    "question #{n} was already answered by {by}; an answer cannot be changed"
+                ))
+                .into()),
+            }
+        }
+        Command::Freeze { run, reason } => hold(cli.store, &run, true, &reason, &actor),
+        Command::Unfreeze { run, reason } => hold(cli.store, &run, false, &reason, &actor),
         Command::Cancel { run, reason } => {
             let mut store = open_store(cli.store)?;
             let run = keel_engine::cancel(&mut store, &run, &reason, &actor)?;
@@ -477,6 +597,28 @@ fn decide(
     }
 }
 
+/// Freezes or unfreezes a run.
+fn hold(
+    store: Option<PathBuf>,
+    run: &str,
+    freeze: bool,
+    reason: &str,
+    actor: &Actor,
+) -> Result<u8> {
+    let mut store = open_store(store)?;
+    let run = keel_engine::freeze(&mut store, run, freeze, reason, actor)?;
+    println!(
+        "run {} is {}",
+        run.id,
+        if run.frozen {
+            "frozen: nothing runs until `keel unfreeze`"
+        } else {
+            "no longer frozen; `keel resume` goes on"
+        }
+    );
+    Ok(exit::COMPLETED)
+}
+
 fn parse_driver_kind(text: &str) -> Result<keel_core::contract::DriverKind, String> {
     use keel_core::contract::DriverKind;
     match text {
@@ -509,19 +651,19 @@ fn init(path: &Path, force: bool) -> Result<u8> {
     Ok(exit::COMPLETED)
 }
 
-/// The store named by --store/KEEL_STORE, or the nearest `.keel/keel.db` upwards from here.
-fn open_store(explicit: Option<PathBuf>) -> Result<Store> {
+/// The path of the store named by --store/KEEL_STORE, or of the nearest `.keel/keel.db`.
+fn store_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
     if let Some(path) = explicit {
         if !path.exists() {
             return Err(Usage(format!("no keel store at {}", path.display())).into());
         }
-        return Ok(Store::open(&path)?);
+        return Ok(path);
     }
     let cwd = std::env::current_dir()?;
     for dir in cwd.ancestors() {
         let candidate = dir.join(".keel").join("keel.db");
         if candidate.exists() {
-            return Ok(Store::open(&candidate)?);
+            return Ok(candidate);
         }
     }
     Err(Usage(format!(
@@ -529,6 +671,11 @@ fn open_store(explicit: Option<PathBuf>) -> Result<Store> {
         cwd.display()
     ))
     .into())
+}
+
+/// The store named by --store/KEEL_STORE, or the nearest `.keel/keel.db` upwards from here.
+fn open_store(explicit: Option<PathBuf>) -> Result<Store> {
+    Ok(Store::open(&store_path(explicit)?)?)
 }
 
 fn finish(store: &Store, result: Result<Run, EngineError>, observer: &Terminal) -> Result<u8> {

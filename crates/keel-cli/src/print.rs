@@ -84,6 +84,8 @@ pub fn run_json(run: &Run, checkpoints: usize) -> Value {
         "working_ms": run.used(BudgetName::WallTime),
         "human_wait_ms": run.human_wait_ms,
         "approvals": run.approvals.iter().map(|a| approval_json(run, a)).collect::<Vec<_>>(),
+        "questions": run.questions,
+        "frozen": run.frozen,
         "violations": run.violations,
         "contract": run.contract_file,
         "contract_hash": run.contract_hash,
@@ -190,6 +192,27 @@ pub fn run_status(out: &mut dyn Write, run: &Run, checkpoints: &[CheckpointRow])
         for (i, item) in run.plan.iter().enumerate() {
             writeln!(out, "  {}. {}", i + 1, shorten(item, 90))?;
         }
+    }
+    for q in &run.questions {
+        match &q.answer {
+            Some(a) => writeln!(
+                out,
+                "question   #{} {} → {} ({})",
+                q.n,
+                shorten(&q.question, 60),
+                shorten(&a.text, 60),
+                a.by
+            )?,
+            None => writeln!(
+                out,
+                "question   #{} {} (waiting for an answer)",
+                q.n,
+                shorten(&q.question, 80)
+            )?,
+        }
+    }
+    if run.frozen {
+        writeln!(out, "frozen     yes: nothing runs until `keel unfreeze`")?;
     }
     if !run.rejected_paths.is_empty() {
         writeln!(out, "rejected paths")?;
@@ -354,7 +377,7 @@ fn summarise(body: &EventBody) -> String {
         EventBody::PlanUpdated { items, .. } => format!("{} items", items.len()),
         EventBody::NoteAdded { text, .. } => shorten(text, 100),
         EventBody::FinishClaimed { step, summary } => format!("{step}: {}", shorten(summary, 100)),
-        EventBody::ScopeReverted { step, paths } => {
+        EventBody::ScopeReverted { step, paths, .. } => {
             format!("{step}: undone outside the scope: {}", paths.join(", "))
         }
         EventBody::VerificationFailed {
@@ -365,6 +388,14 @@ fn summarise(body: &EventBody) -> String {
             rejected_path,
             ..
         } => format!("{pattern}: rejected path: {}", shorten(rejected_path, 100)),
+        EventBody::QuestionAsked { n, step, question } => {
+            format!("#{n} at {step}: {}", shorten(question, 100))
+        }
+        EventBody::QuestionAnswered { n, answer, by, via } => {
+            format!("#{n} by {by} via {via}: {}", shorten(answer, 100))
+        }
+        EventBody::Frozen { reason, by } => format!("by {by}: {reason}"),
+        EventBody::Unfrozen { reason, by } => format!("by {by}: {reason}"),
         EventBody::ApprovalRequested { request } => format!(
             "#{} {} (payload {})",
             request.n,

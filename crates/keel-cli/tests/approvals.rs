@@ -71,13 +71,19 @@ fn a_gated_phase_waits_with_its_exact_payload_and_an_approval_lets_resume_finish
     let g = gated();
     let f = &g.f;
     assert_eq!(state(&f.status(&g.id)), "awaiting_approval");
-    assert!(!f.path("published.txt").exists(), "nothing ran before the approval");
+    assert!(
+        !f.path("published.txt").exists(),
+        "nothing ran before the approval"
+    );
     let list = pending(f);
     assert_eq!(list.len(), 1);
     let request = &list[0];
     let payload = request["payload"].as_str().unwrap();
     assert!(payload.contains("cp note.txt published.txt"), "{payload}");
-    assert!(payload.contains("+note"), "the diff so far is shown: {payload}");
+    assert!(
+        payload.contains("+note"),
+        "the diff so far is shown: {payload}"
+    );
     let hash = request["payload_hash"].as_str().unwrap();
     assert_eq!(hash, blake3::hash(payload.as_bytes()).to_hex().as_str());
     for key in ["intent", "risk", "rollback", "checks", "reversibility"] {
@@ -87,7 +93,15 @@ fn a_gated_phase_waits_with_its_exact_payload_and_an_approval_lets_resume_finish
     f.expect(&["resume", &g.id], 3);
 
     f.expect(
-        &["approve", &g.id, "1", "--payload-hash", hash, "--reason", "ok"],
+        &[
+            "approve",
+            &g.id,
+            "1",
+            "--payload-hash",
+            hash,
+            "--reason",
+            "ok",
+        ],
         0,
     );
     f.expect(&["resume", &g.id], 0);
@@ -126,7 +140,15 @@ fn the_same_approval_delivered_twice_is_one_decision_and_one_execution() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("already approved"));
     // A conflicting decision after it is refused.
     f.expect(
-        &["reject", &g.id, "1", "--payload-hash", &hash, "--reason", "no"],
+        &[
+            "reject",
+            &g.id,
+            "1",
+            "--payload-hash",
+            &hash,
+            "--reason",
+            "no",
+        ],
         2,
     );
     f.expect(&["resume", &g.id], 0);
@@ -172,11 +194,27 @@ fn a_rejection_blocks_the_run_and_the_gated_action_never_runs() {
     let hash = pending(f)[0]["payload_hash"].as_str().unwrap().to_string();
     // A rejection needs a reason.
     f.expect(
-        &["reject", &g.id, "1", "--payload-hash", &hash, "--reason", " "],
+        &[
+            "reject",
+            &g.id,
+            "1",
+            "--payload-hash",
+            &hash,
+            "--reason",
+            " ",
+        ],
         2,
     );
     f.expect(
-        &["reject", &g.id, "1", "--payload-hash", &hash, "--reason", "not today"],
+        &[
+            "reject",
+            &g.id,
+            "1",
+            "--payload-hash",
+            &hash,
+            "--reason",
+            "not today",
+        ],
         0,
     );
     let out = f.expect(&["resume", &g.id], 4);

@@ -277,6 +277,10 @@ pub enum EventBody {
         cost_micro_usd: u64,
         retries: Vec<String>,
         duration_ms: u64,
+        /// For a driver that edits the workspace itself (a delegated program): the tree it
+        /// left.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        post_tree: Option<String>,
     },
     /// The policy check of one tool call of an agent step, before anything runs.
     PolicyDecision {
@@ -328,6 +332,9 @@ pub enum EventBody {
     ScopeReverted {
         step: StepId,
         paths: Vec<String>,
+        /// The working tree once they were undone.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        post_tree: Option<String>,
     },
     /// A verification the driver asked for (by `finish`) failed; the evidence goes back to it.
     VerificationFailed {
@@ -349,6 +356,27 @@ pub enum EventBody {
         reason: String,
         /// `cli`, `http`, `expiry`.
         via: String,
+    },
+    /// The driver asked a person a question (the `ask` tool); the run waits for the answer.
+    QuestionAsked {
+        n: u32,
+        step: StepId,
+        question: String,
+    },
+    QuestionAnswered {
+        n: u32,
+        answer: String,
+        by: String,
+        via: String,
+    },
+    /// An incident hold: while frozen nothing runs.
+    Frozen {
+        reason: String,
+        by: String,
+    },
+    Unfrozen {
+        reason: String,
+        by: String,
     },
     LoopDetected {
         step: StepId,
@@ -460,6 +488,10 @@ impl EventBody {
             EventBody::VerificationFailed { .. } => "verification_failed",
             EventBody::LoopDetected { .. } => "loop_detected",
             EventBody::ApprovalRequested { .. } => "approval_requested",
+            EventBody::QuestionAsked { .. } => "question_asked",
+            EventBody::QuestionAnswered { .. } => "question_answered",
+            EventBody::Frozen { .. } => "frozen",
+            EventBody::Unfrozen { .. } => "unfrozen",
             EventBody::ApprovalDecided { .. } => "approval_decided",
             EventBody::StepFinished { .. } => "step_finished",
             EventBody::EvidenceRecorded { .. } => "evidence_recorded",

@@ -43,6 +43,23 @@ pub struct PhaseProgress {
     pub approved: bool,
 }
 
+/// A question the driver asked, and the answer once given.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Question {
+    pub n: u32,
+    pub step: StepId,
+    pub question: String,
+    pub answer: Option<Answer>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Answer {
+    pub text: String,
+    pub by: String,
+    pub via: String,
+    pub at_ms: i64,
+}
+
 /// An approval request and, once made, the decision on it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Approval {
@@ -110,6 +127,12 @@ pub struct InProgress {
     pub reply: Option<ModelReply>,
     #[serde(default)]
     pub calls: Vec<CallProgress>,
+    /// The tree a workspace-editing driver left, once recorded.
+    #[serde(default)]
+    pub reply_tree: Option<String>,
+    /// The tree once out-of-scope changes were undone, once recorded.
+    #[serde(default)]
+    pub scope_tree: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -163,6 +186,8 @@ pub struct Run {
     /// Every approval request of the run, with its decision once made.
     #[serde(default)]
     pub approvals: Vec<Approval>,
+    #[serde(default)]
+    pub questions: Vec<Question>,
     /// Time spent waiting for people (awaiting approval, waiting for an answer).
     #[serde(default)]
     pub human_wait_ms: u64,
@@ -287,6 +312,7 @@ impl Run {
             violations: 0,
             driver: driver.clone(),
             approvals: Vec::new(),
+            questions: Vec::new(),
             human_wait_ms: 0,
             waiting_since_ms: None,
             seq: 1,
@@ -507,6 +533,8 @@ impl Run {
                     request: None,
                     reply: None,
                     calls: Vec::new(),
+                    reply_tree: None,
+                    scope_tree: None,
                 });
                 self.add(BudgetName::Steps, 1);
                 if *agent {
@@ -525,6 +553,7 @@ impl Run {
                 reply,
                 usage,
                 cost_micro_usd,
+                post_tree,
                 ..
             } => {
                 self.expect_in_progress("model_replied", *step)?;
@@ -535,6 +564,7 @@ impl Run {
                     )));
                 }
                 p.reply = Some(reply.clone());
+                p.reply_tree = post_tree.clone();
                 self.add(BudgetName::Tokens, usage.input_tokens + usage.output_tokens);
                 self.add(BudgetName::CostUsd, *cost_micro_usd);
                 self.model_calls += 1;
@@ -647,8 +677,25 @@ impl Run {
                     phase.finish_claimed = true;
                 }
             }
-            EventBody::ScopeReverted { paths, .. } => {
+            EventBody::ScopeReverted {
+                step,
+                paths,
+                post_tree,
+            } => {
                 self.violations += paths.len() as u64;
+                if let Some(p) = self.in_progress.as_mut() {
+                    p.scope_tree = post_tree.clone();
+                }
+                self.observe(Observation {
+                    step: *step,
+                    tool: "(scope)".into(),
+                    arguments: String::new(),
+                    ok: false,
+                    text: format!(
+                        "keel undid these changes, which are outside the contract's scope: {}",
+                        cut(&paths.join(", "), 1000)
+                    ),
+                });
             }
             EventBody::VerificationFailed {
                 phase,
@@ -721,6 +768,49 @@ impl Run {
                     p.approved = true;
                 }
             }
+            EventBody::QuestionAsked { n, step, question } => {
+                if *n as usize != self.questions.len() + 1 {
+                    return Err(ApplyError::Invalid(format!(
+                        "question {n} after {} questions",
+                        self.questions.len()
+                    )));
+                }
+                self.questions.push(Question {
+                    n: *n,
+                    step: *step,
+                    question: question.clone(),
+                    answer: None,
+                });
+                self.add(BudgetName::Approvals, 1);
+            }
+            EventBody::QuestionAnswered { n, answer, by, via } => {
+                let q = self
+                    .questions
+                    .get_mut((*n as usize).wrapping_sub(1))
+                    .ok_or_else(|| ApplyError::Invalid(format!("there is no question {n}")))?;
+                if q.answer.is_some() {
+                    return Err(ApplyError::Invalid(format!(
+                        "question {n} is answered already"
+                    )));
+                }
+                q.answer = Some(Answer {
+                    text: answer.clone(),
+                    by: by.clone(),
+                    via: via.clone(),
+                    at_ms,
+                });
+                let step = q.step;
+                let text = format!("{} (answered by {by})", cut(answer, OBSERVATION_BYTES));
+                self.observe(Observation {
+                    step,
+                    tool: "ask".into(),
+                    arguments: format!("question {n}"),
+                    ok: true,
+                    text,
+                });
+            }
+            EventBody::Frozen { .. } => self.frozen = true,
+            EventBody::Unfrozen { .. } => self.frozen = false,
             EventBody::LoopDetected { rejected_path, .. } => {
                 self.rejected_paths.push(rejected_path.clone());
             }
@@ -919,22 +1009,35 @@ impl Run {
         let Some(p) = self.in_progress.as_ref().filter(|p| p.agent) else {
             return (self.fingerprint.tree.clone(), None);
         };
-        let last_known = p
-            .calls
-            .iter()
-            .rev()
-            .find_map(|c| c.post_tree.clone())
-            .unwrap_or_else(|| p.pre.tree.clone());
-        if p.reply.is_none() && p.request.is_some() {
-            // A delegated program may have been changing the workspace.
-            return (p.pre.tree.clone(), Some(p.pre.tree.clone()));
+        if let Some(post) = &p.post {
+            return (post.tree.clone(), None);
         }
+        let Some(reply) = &p.reply else {
+            // Asked but not answered: a delegated program may have been changing the
+            // workspace; back to where the step started.
+            return match p.request {
+                Some(_) => (p.pre.tree.clone(), Some(p.pre.tree.clone())),
+                None => (p.pre.tree.clone(), None),
+            };
+        };
+        let known = p
+            .scope_tree
+            .clone()
+            .or_else(|| p.calls.iter().rev().find_map(|c| c.post_tree.clone()))
+            .or_else(|| p.reply_tree.clone())
+            .unwrap_or_else(|| p.pre.tree.clone());
         match p.calls.last() {
+            // A call that was running: back to where it started.
             Some(c) if c.decision == Decision::Allow && !c.finished => {
-                let pre = c.pre_tree.clone().unwrap_or(last_known);
+                let pre = c.pre_tree.clone().unwrap_or(known);
                 (pre.clone(), Some(pre))
             }
-            _ => (last_known, None),
+            // Every call recorded, the step's end not: undoing out-of-scope changes may have
+            // been under way; back to before it, and it is done again.
+            _ if p.calls.len() == reply.calls.len() && p.scope_tree.is_none() => {
+                (known.clone(), Some(known))
+            }
+            _ => (known, None),
         }
     }
 
@@ -988,6 +1091,11 @@ impl Run {
             }
         }
         Ok(())
+    }
+
+    /// The newest question that has no answer yet.
+    pub fn pending_question(&self) -> Option<&Question> {
+        self.questions.iter().rev().find(|q| q.answer.is_none())
     }
 
     /// The newest approval request that has no decision yet.

@@ -39,7 +39,7 @@ impl RunState {
         use RunState::*;
         matches!(
             (self, to),
-            (Planned, Executing | Blocked | Failed)
+            (Planned, Executing | AwaitingApproval | Blocked | Failed)
                 | (
                     Executing,
                     Verifying | AwaitingApproval | Waiting | Blocked | Failed

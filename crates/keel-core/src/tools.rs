@@ -7,12 +7,12 @@ use serde_json::{Value, json};
 use crate::agent::{Reversibility, ToolSpec};
 
 /// Every built-in tool, in the order a driver is shown them.
-pub const BUILTIN: [&str; 10] = [
-    "read", "list", "search", "write", "patch", "run", "plan", "note", "finish", "blocked",
+pub const BUILTIN: [&str; 11] = [
+    "read", "list", "search", "write", "patch", "run", "plan", "note", "ask", "finish", "blocked",
 ];
 
 /// Tools that exist in the design but not in this version of keel.
-pub const NOT_YET: [&str; 2] = ["ask", "http"];
+pub const NOT_YET: [&str; 1] = ["http"];
 
 /// What a `blocked` call may give as its category.
 pub const BLOCKED_CATEGORIES: [&str; 4] = ["contradiction", "missing_access", "ambiguity", "other"];
@@ -102,6 +102,11 @@ pub fn builtin(name: &str) -> Option<ToolSpec> {
         "note" => (
             "Keep a short note for later steps (facts learned, decisions). Notes survive restarts.",
             object(json!({"text": {"type": "string"}}), &["text"]),
+            Reversibility::ReadOnly,
+        ),
+        "ask" => (
+            "Ask a person a question and wait for the answer (the run pauses; the answer comes back as an observation). Use it for real ambiguity only: each question counts against the approvals budget.",
+            object(json!({"question": {"type": "string"}}), &["question"]),
             Reversibility::ReadOnly,
         ),
         "finish" => (
@@ -240,7 +245,7 @@ mod tests {
             let spec = builtin(name).unwrap();
             assert_eq!(spec.parameters["type"], "object", "{name}");
         }
-        assert!(builtin("ask").is_none());
+        assert!(builtin("http").is_none(), "not a tool yet");
     }
 
     #[test]

@@ -147,6 +147,7 @@ impl Log {
             cost_micro_usd: 5,
             retries: vec![],
             duration_ms: 1,
+            post_tree: None,
         });
         self.push(EventBody::PolicyDecision {
             step: id,
@@ -291,6 +292,7 @@ fn denials_are_violations_and_count_toward_same_error() {
         cost_micro_usd: 0,
         retries: vec![],
         duration_ms: 0,
+        post_tree: None,
     });
     for call in 0..2 {
         log.push(EventBody::PolicyDecision {
@@ -359,6 +361,7 @@ fn a_resumed_step_expects_the_tree_its_recorded_calls_left() {
         cost_micro_usd: 0,
         retries: vec![],
         duration_ms: 0,
+        post_tree: None,
     });
     let allow = |call, pre: u32| EventBody::PolicyDecision {
         step: id,

@@ -198,6 +198,23 @@ impl Engine<'_> {
             ));
         }
         self.finish_agent_step(id, &outcomes)?;
+        if let Some(q) = self.run.pending_question().cloned()
+            && q.step == id
+            && self.run.state == RunState::Executing
+        {
+            self.set_state(
+                RunState::Waiting,
+                &format!(
+                    "waiting for the answer to question {}: {}; answer with `keel answer {} {} \"…\"`",
+                    q.n,
+                    cut(&q.question, 200),
+                    self.run.id,
+                    q.n
+                ),
+                None,
+            )?;
+            return Ok(());
+        }
         if let Some((category, reason)) = blocked_by_driver {
             let text = format!("the driver stopped the run ({category}): {reason}");
             self.set_state(
@@ -316,6 +333,11 @@ impl Engine<'_> {
                 stop_reason: None,
             });
         let cost = driver.cost(reply.usage);
+        let post_tree = if driver.edits_workspace() {
+            Some(self.env.git.worktree_tree()?)
+        } else {
+            None
+        };
         let response = self.store.artifacts().put(&exchange.response)?;
         self.commit(vec![EventBody::ModelReplied {
             step: id,
@@ -325,6 +347,7 @@ impl Engine<'_> {
             cost_micro_usd: cost,
             retries: exchange.retries,
             duration_ms: exchange.duration_ms,
+            post_tree,
         }])?;
         Ok(Some(reply))
     }
@@ -443,13 +466,23 @@ impl Engine<'_> {
             },
             "run" => {
                 let command = path_arg("command").unwrap_or("");
-                (!scope.command_allowed(command)).then(|| {
-                    format!(
-                        "command `{}` is not allowed by the contract's scope (commands: {})",
-                        cut(command, 200),
-                        scope.commands.join(", ")
-                    )
-                })
+                match simple_commands(command) {
+                    _ if scope.commands.is_empty() => None,
+                    Err(why) => Some(format!(
+                        "command `{}` {why}; with [scope] commands set, run one allowed command at a time",
+                        cut(command, 200)
+                    )),
+                    Ok(parts) => parts
+                        .iter()
+                        .find(|part| !scope.command_allowed(part))
+                        .map(|part| {
+                            format!(
+                                "command `{}` is not allowed by the contract's scope (commands: {})",
+                                cut(part, 200),
+                                scope.commands.join(", ")
+                            )
+                        }),
+                }
             }
             _ => None,
         };
@@ -462,6 +495,7 @@ impl Engine<'_> {
             (BudgetName::Tokens, true),
             (BudgetName::CostUsd, true),
             (BudgetName::Writes, writes),
+            (BudgetName::Approvals, call.name == "ask"),
         ] {
             if let Some(limit) = self.run.limits.get(budget)
                 && applies
@@ -586,6 +620,18 @@ impl Engine<'_> {
                 o.extra.push(EventBody::FinishClaimed {
                     step: id,
                     summary: s("summary").unwrap_or("").to_string(),
+                });
+                return Ok(o);
+            }
+            "ask" => {
+                let n = self.run.questions.len() as u32 + 1;
+                let mut o = Outcome::ok(format!(
+                    "question {n} asked; the run waits for a person's answer, which comes back as an observation"
+                ));
+                o.extra.push(EventBody::QuestionAsked {
+                    n,
+                    step: id,
+                    question: s("question").unwrap_or("").to_string(),
                 });
                 return Ok(o);
             }
@@ -717,11 +763,12 @@ impl Engine<'_> {
             if !outside.is_empty() {
                 self.env.git.restore_paths(&pre, &outside)?;
                 fault_point("scope reverted");
+                now = self.env.git.worktree_tree()?;
                 self.commit(vec![EventBody::ScopeReverted {
                     step: id,
                     paths: outside,
+                    post_tree: Some(now.clone()),
                 }])?;
-                now = self.env.git.worktree_tree()?;
             }
         }
         let post = self.env.fingerprint(&self.contract)?;
@@ -891,6 +938,27 @@ impl Engine<'_> {
     }
 }
 
+/// The simple commands of a shell command line, split at `;`, `&&`, `||`, `|`, `&` and
+/// newlines, so that each is checked against `[scope] commands` on its own (a glob like `cat *`
+/// must not let `cat x; rm -rf y` through). Command substitution and process substitution are
+/// refused: what they run cannot be checked. The split does not read quotes, so a quoted `;`
+/// splits too: that refuses more, never less.
+fn simple_commands(line: &str) -> Result<Vec<String>, &'static str> {
+    if line.contains("$(") || line.contains('`') || line.contains("<(") || line.contains(">(") {
+        return Err("uses command substitution, which keel cannot check");
+    }
+    let parts: Vec<String> = line
+        .split(['\n', ';', '|', '&'])
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+        .collect();
+    if parts.is_empty() {
+        return Err("is empty");
+    }
+    Ok(parts)
+}
+
 fn tool_error_kind(e: &ToolError) -> &'static str {
     match e {
         ToolError::Escape { .. } => "escape",
@@ -904,4 +972,21 @@ fn tool_error_kind(e: &ToolError) -> &'static str {
 
 fn fault_point(name: &str) {
     crate::fault::point(name);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::simple_commands;
+
+    #[test]
+    fn compound_commands_are_split_into_simple_ones() {
+        assert_eq!(
+            simple_commands("cat a.txt; echo x > /tmp/y && ls | wc -l").unwrap(),
+            ["cat a.txt", "echo x > /tmp/y", "ls", "wc -l"]
+        );
+        assert_eq!(simple_commands("cargo test").unwrap(), ["cargo test"]);
+        assert!(simple_commands("cat $(echo /etc/passwd)").is_err());
+        assert!(simple_commands("cat `ls`").is_err());
+        assert!(simple_commands(" ; ").is_err());
+    }
 }

@@ -260,6 +260,126 @@ pub fn decide(
     result
 }
 
+/// What came of delivering an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answered {
+    Recorded(Box<Run>),
+    /// The question was answered before; this delivery changed nothing.
+    Already {
+        by: String,
+        same: bool,
+    },
+}
+
+/// Records a person's answer to question `n`; the first answer counts.
+pub fn answer(
+    store: &mut Store,
+    run_id: &str,
+    n: u32,
+    text: &str,
+    actor: &Actor,
+    via: &str,
+) -> Result<Answered, EngineError> {
+    let id = store.resolve_run(run_id)?;
+    if text.trim().is_empty() {
+        return Err(EngineError::Usage("the answer is empty".into()));
+    }
+    let lease = acquire_briefly(store, &id, actor)?;
+    let result = (|| {
+        let mut run = store.run(&id)?;
+        let Some(q) = run.questions.get((n as usize).wrapping_sub(1)).cloned() else {
+            return Err(EngineError::Usage(format!(
+                "run {id} has no question {n}; see `keel status {id}`"
+            )));
+        };
+        if let Some(a) = q.answer {
+            return Ok(Answered::Already {
+                same: a.text == text,
+                by: a.by,
+            });
+        }
+        let event = Event {
+            run_id: id.clone(),
+            seq: run.seq + 1,
+            at_ms: now_ms(),
+            body: EventBody::QuestionAnswered {
+                n,
+                answer: text.to_string(),
+                by: actor.by.clone(),
+                via: via.to_string(),
+            },
+        };
+        run.apply(&event).map_err(|source| EngineError::Apply {
+            run: id.clone(),
+            source,
+        })?;
+        store.commit(&lease, &[event], &run, None, 0)?;
+        Ok(Answered::Recorded(Box::new(run)))
+    })();
+    let _ = store.release(&lease);
+    result
+}
+
+/// Puts a run on an incident hold (`freeze = true`) or lifts it. A process driving the run loses
+/// its lease and stops at its next write; while frozen nothing runs.
+pub fn freeze(
+    store: &mut Store,
+    run_id: &str,
+    freeze: bool,
+    reason: &str,
+    actor: &Actor,
+) -> Result<Run, EngineError> {
+    let id = store.resolve_run(run_id)?;
+    if reason.trim().is_empty() {
+        return Err(EngineError::Usage(
+            "give a --reason: a freeze is recorded with who and why".into(),
+        ));
+    }
+    let run = store.run(&id)?;
+    if run.state.is_terminal() {
+        return Err(EngineError::Refused {
+            run: id,
+            state: run.state,
+            what: "a finished run needs no hold".into(),
+        });
+    }
+    if run.frozen == freeze {
+        return Ok(run);
+    }
+    // A freeze takes the run from whoever drives it; lifting one waits its turn.
+    let lease = if freeze {
+        store.acquire(&id, &actor.holder, now_ms(), LEASE_TTL_MS, true, &|_| true)?
+    } else {
+        acquire_briefly(store, &id, actor)?
+    };
+    let mut run = store.run(&id)?;
+    let body = if freeze {
+        EventBody::Frozen {
+            reason: reason.to_string(),
+            by: actor.by.clone(),
+        }
+    } else {
+        EventBody::Unfrozen {
+            reason: reason.to_string(),
+            by: actor.by.clone(),
+        }
+    };
+    let event = Event {
+        run_id: id.clone(),
+        seq: run.seq + 1,
+        at_ms: now_ms(),
+        body,
+    };
+    run.apply(&event).map_err(|source| EngineError::Apply {
+        run: id.clone(),
+        source,
+    })?;
+    let result = store.commit(&lease, &[event], &run, None, 0);
+    let _ = store.release(&lease);
+    result?;
+    Ok(run)
+}
+
 /// Takes a run's lease for a short write, waiting (up to a few seconds) while another process
 /// holds it for one.
 fn acquire_briefly(

@@ -16,6 +16,7 @@ mod environment;
 pub mod fault;
 mod llm_driver;
 mod process;
+pub mod worker;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -31,7 +32,7 @@ use keel_core::state::RunState;
 use keel_git::{Git, GitError};
 use keel_store::{ChainProblem, Lease, Store, StoreError, StoredEvent, verify_chain};
 
-pub use approvals::{Decided, DecisionError, decide};
+pub use approvals::{Answered, Decided, DecisionError, answer, decide, freeze};
 use environment::Environment;
 pub use environment::keel_excludes;
 
@@ -218,6 +219,7 @@ pub struct Engine<'a> {
     tools: keel_tools::Workspace,
     /// The decision-maker of agent phases, when the contract has any.
     driver: Option<Box<dyn driver::Driver>>,
+    lease_ttl_ms: i64,
 }
 
 /// Choices made on the command line for one run (driver kind, model), recorded with it.
@@ -282,6 +284,8 @@ pub struct NewRun<'a> {
     pub contract: Contract,
     pub run_id: &'a str,
     pub choice: &'a DriverOverride,
+    /// Create the run and leave it for a worker instead of driving it.
+    pub detach: bool,
 }
 
 /// Creates a run of a contract and drives it until it stops.
@@ -298,6 +302,7 @@ pub fn start(
         contract,
         run_id,
         choice,
+        detach,
     } = new;
     let workspace = workspace_of(contract_path, &contract)?;
     let mut env = open_environment(store, &workspace)?;
@@ -354,6 +359,11 @@ pub fn start(
     let lease = store.create_run(&created, &run, &actor.holder, now, LEASE_TTL_MS)?;
     on_created(run_id);
     fault::point("run created");
+    if detach {
+        // Left for a worker: the run exists, planned, and nobody holds it.
+        store.release(&lease)?;
+        return Ok(run);
+    }
     let mut engine = Engine {
         store,
         contract,
@@ -363,6 +373,7 @@ pub fn start(
         observer,
         tools,
         driver,
+        lease_ttl_ms: LEASE_TTL_MS,
     };
     engine.commit(vec![EventBody::Resumed {
         holder: actor.holder.clone(),
@@ -422,6 +433,23 @@ fn open_environment(store: &Store, workspace: &Path) -> Result<Environment, Engi
 pub struct ResumeOptions {
     /// Continue in a changed environment, recording this reason.
     pub migrate: Option<String>,
+    /// How long the lease lasts without a commit (default five minutes). Workers use a shorter
+    /// one and renew it with a heartbeat.
+    pub lease_ttl_ms: Option<i64>,
+}
+
+/// Set (by a signal handler) to make every driving loop stop at its next step boundary.
+static STOP: std::sync::LazyLock<std::sync::Arc<std::sync::atomic::AtomicBool>> =
+    std::sync::LazyLock::new(|| std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+
+/// The flag that stops every driving loop of this process at its next step boundary (for
+/// signal handlers: `signal_hook::flag::register(SIGTERM, stop_flag())`).
+pub fn stop_flag() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    STOP.clone()
+}
+
+fn stop_requested() -> bool {
+    STOP.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 /// Loads a run from its newest valid checkpoint and the events after it, checks the log and
@@ -440,11 +468,12 @@ pub fn resume(
         Err(StoreError::Projection { .. }) => None,
         Err(e) => return Err(e.into()),
     };
+    let lease_ttl_ms = options.lease_ttl_ms.unwrap_or(LEASE_TTL_MS);
     let lease = store.acquire(
         &id,
         &actor.holder,
         now_ms(),
-        LEASE_TTL_MS,
+        lease_ttl_ms,
         false,
         &holder_is_stale,
     )?;
@@ -453,6 +482,14 @@ pub fn resume(
     if run.state.is_terminal() {
         store.release(&lease)?;
         return Ok(run);
+    }
+    if run.frozen {
+        store.release(&lease)?;
+        return Err(EngineError::Refused {
+            run: id,
+            state: run.state,
+            what: "it is frozen (an incident hold); lift it with `keel unfreeze RUN --reason \"…\"` first".into(),
+        });
     }
     let (_, source) =
         store
@@ -479,6 +516,7 @@ pub fn resume(
         observer,
         tools,
         driver,
+        lease_ttl_ms,
     };
     // An interrupted command step is rolled back here; an interrupted agent step continues
     // from what it recorded when the run is driven.
@@ -506,6 +544,24 @@ pub fn resume(
     if engine.run.state == RunState::AwaitingApproval && !engine.settle_approval()? {
         engine.release();
         return Ok(engine.run);
+    }
+    if engine.run.state == RunState::Waiting {
+        match engine
+            .run
+            .questions
+            .last()
+            .and_then(|q| q.answer.clone().map(|a| (q.n, a)))
+        {
+            Some((n, a)) => engine.set_state(
+                RunState::Executing,
+                &format!("question {n} answered by {}", a.by),
+                None,
+            )?,
+            None => {
+                engine.release();
+                return Ok(engine.run);
+            }
+        }
     }
     engine.drive()
 }
@@ -947,7 +1003,7 @@ impl Engine<'_> {
             &events,
             &next,
             checkpoint,
-            at_ms + LEASE_TTL_MS,
+            at_ms + self.lease_ttl_ms,
         )?;
         self.run = next;
         fault::point("after commit");
@@ -967,6 +1023,11 @@ impl Engine<'_> {
 
     fn drive_loop(&mut self) -> Result<(), EngineError> {
         loop {
+            // A stop request (SIGTERM to a worker) is honoured at a step boundary: the lease is
+            // released and the run is left for the next process.
+            if stop_requested() && self.run.in_progress.is_none() {
+                return Ok(());
+            }
             match self.run.next() {
                 Next::Stop => return Ok(()),
                 Next::RequestApproval(phase) => self.request_phase_approval(phase)?,

@@ -358,6 +358,19 @@ impl Store {
         Ok(())
     }
 
+    /// Extends a lease that is still ours (a heartbeat during a long step). Returns whether it
+    /// still was.
+    pub fn renew(&self, run_id: &str, holder: &str, until_ms: i64) -> Result<bool, StoreError> {
+        let n = self
+            .conn
+            .execute(
+                "UPDATE runs SET lease_until = ?3 WHERE id = ?1 AND lease_holder = ?2",
+                params![run_id, holder, until_ms],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(n == 1)
+    }
+
     pub fn lease_info(&self, run_id: &str) -> Result<LeaseInfo, StoreError> {
         self.conn
             .query_row(

@@ -29,6 +29,7 @@ fn created(id: &str) -> (Event, Run) {
                 name: "p".into(),
                 commands: vec!["true".into()],
                 agent: false,
+                approval: false,
             }],
             acceptance: vec!["a".into()],
             limits: BudgetLimits::default(),
