@@ -394,6 +394,10 @@ fn summarise(body: &EventBody) -> String {
         EventBody::QuestionAnswered { n, answer, by, via } => {
             format!("#{n} by {by} via {via}: {}", shorten(answer, 100))
         }
+        EventBody::Notified { what, status, ok } => format!(
+            "{what}: notify command {}{status}",
+            if *ok { "" } else { "FAILED, " }
+        ),
         EventBody::Frozen { reason, by } => format!("by {by}: {reason}"),
         EventBody::Unfrozen { reason, by } => format!("by {by}: {reason}"),
         EventBody::ApprovalRequested { request } => format!(

@@ -251,3 +251,137 @@ fn the_approvals_budget_bounds_how_often_a_person_is_asked() {
     assert!(f.path("published.txt").exists());
     assert!(!f.path("announced.txt").exists());
 }
+
+#[test]
+fn the_notify_command_gets_the_request_and_its_failure_never_blocks() {
+    let outside = tempfile::tempdir().unwrap();
+    let marker = outside.path().join("m");
+    let inbox = outside.path().join("inbox.json");
+    let text = contract(&marker).replace(
+        "[task]",
+        &format!(
+            "[approvals]\nnotify = \"cat > {}\"\n\n[task]",
+            inbox.display()
+        ),
+    );
+    let f = Fixture::new(&text);
+    let (id, out) = f.start(&[]);
+    assert_eq!(out.status.code(), Some(3), "{}", f.explain(&out));
+    let sent: Value = serde_json::from_str(&std::fs::read_to_string(&inbox).unwrap()).unwrap();
+    assert_eq!(sent["run"], id.as_str());
+    assert_eq!(sent["kind"], "approval");
+    assert_eq!(
+        sent["request"]["payload_hash"],
+        pending(&f)[0]["payload_hash"]
+    );
+    // A hook that fails is recorded, and the run waits all the same.
+    let f = Fixture::new(&contract(&marker).replace(
+        "[task]",
+        "[approvals]\nnotify = \"echo the chat is down >&2; exit 7\"\n\n[task]",
+    ));
+    let (id, out) = f.start(&[]);
+    assert_eq!(out.status.code(), Some(3), "{}", f.explain(&out));
+    let notified = f
+        .events(&id)
+        .into_iter()
+        .find(|e| e["kind"] == "notified")
+        .unwrap();
+    assert_eq!(notified["body"]["ok"], false);
+    assert_eq!(notified["body"]["status"], "exit 7");
+    assert_eq!(state(&f.status(&id)), "awaiting_approval");
+}
+
+#[test]
+fn a_request_nobody_decides_in_time_ends_as_the_contract_says() {
+    let outside = tempfile::tempdir().unwrap();
+    let marker = outside.path().join("m");
+    for (on_expiry, blocked_word) in [
+        ("reject", "counts as rejected"),
+        ("block", "a person decides"),
+    ] {
+        let f = Fixture::new(&contract(&marker).replace(
+            "[task]",
+            &format!("[approvals]\nexpires = \"1ms\"\non_expiry = \"{on_expiry}\"\n\n[task]"),
+        ));
+        let (id, out) = f.start(&[]);
+        assert_eq!(out.status.code(), Some(3), "{}", f.explain(&out));
+        // The deadline has passed by the time a worker looks.
+        let out = f.expect(&["worker", "--once"], 0);
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("blocked"),
+            "{}",
+            f.explain(&out)
+        );
+        let status = f.status(&id);
+        assert_eq!(state(&status), "blocked");
+        assert!(
+            status["reason"].as_str().unwrap().contains(blocked_word),
+            "{status:#}"
+        );
+        assert_eq!(status["approvals"][0]["decision"]["via"], "expiry");
+        assert!(!f.path("published.txt").exists());
+    }
+}
+
+#[test]
+fn a_question_waits_for_its_answer_which_the_driver_then_sees() {
+    let f = Fixture::new(
+        r#"
+[task]
+goal = "answer.txt holds the colour a person chose"
+
+[driver]
+kind = "script"
+script = "actions.jsonl"
+
+[[verify]]
+name = "answered"
+tier = "acceptance"
+run = "grep -qx blue answer.txt"
+
+[[phase]]
+name = "ask"
+kind = "agent"
+objective = "Ask which colour, then write it to answer.txt."
+"#,
+    );
+    std::fs::write(
+        f.path("actions.jsonl"),
+        concat!(
+            r#"{"tool": "ask", "args": {"question": "Which colour?"}}"#,
+            "\n",
+            r#"{"calls": [{"tool": "write", "args": {"path": "answer.txt", "content": "blue\n"}}, {"tool": "finish", "args": {"summary": "wrote it"}}]}"#,
+            "\n"
+        ),
+    )
+    .unwrap();
+    let (id, out) = f.start(&[]);
+    assert_eq!(out.status.code(), Some(3), "{}", f.explain(&out));
+    let status = f.status(&id);
+    assert_eq!(state(&status), "waiting");
+    assert_eq!(status["questions"][0]["question"], "Which colour?");
+    // Not answered: nothing to do.
+    f.expect(&["resume", &id], 3);
+    f.expect(&["answer", &id, "1", "blue"], 0);
+    let again = f.expect(&["answer", &id, "1", "blue"], 0);
+    assert!(String::from_utf8_lossy(&again.stdout).contains("already answered"));
+    f.expect(&["answer", &id, "1", "red"], 2);
+    f.expect(&["resume", &id], 0);
+    assert_eq!(state(&f.status(&id)), "completed");
+    // The second prompt carried the answer.
+    let requests: Vec<Value> = f
+        .events(&id)
+        .into_iter()
+        .filter(|e| e["kind"] == "model_requested")
+        .collect();
+    let hash = requests[1]["body"]["request"].as_str().unwrap();
+    let bytes = std::fs::read(f.path(&format!(".keel/artifacts/{}/{hash}", &hash[..2]))).unwrap();
+    let prompt: Value = serde_json::from_slice(&bytes).unwrap();
+    assert!(
+        prompt["user"]
+            .as_str()
+            .unwrap()
+            .contains("blue (answered by"),
+        "{prompt:#}"
+    );
+}

@@ -62,6 +62,17 @@ pub struct Contract {
     pub verifiers: Vec<Verifier>,
     /// In contract order; there is at least one.
     pub phases: Vec<Phase>,
+    pub approvals: ApprovalPolicy,
+}
+
+/// `[approvals]`: how requests for a person are announced and how long they wait.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApprovalPolicy {
+    pub notify: Option<String>,
+    pub expires_ms: Option<u64>,
+    /// What an undecided request becomes at its deadline: `true` for blocked, `false` for
+    /// rejected.
+    pub block_on_expiry: bool,
 }
 
 /// `[task]`: what the run must achieve.

@@ -369,6 +369,12 @@ pub enum EventBody {
         by: String,
         via: String,
     },
+    /// The contract's notify command was run for a new request; `ok` false never stops the run.
+    Notified {
+        what: String,
+        status: String,
+        ok: bool,
+    },
     /// An incident hold: while frozen nothing runs.
     Frozen {
         reason: String,
@@ -490,6 +496,7 @@ impl EventBody {
             EventBody::ApprovalRequested { .. } => "approval_requested",
             EventBody::QuestionAsked { .. } => "question_asked",
             EventBody::QuestionAnswered { .. } => "question_answered",
+            EventBody::Notified { .. } => "notified",
             EventBody::Frozen { .. } => "frozen",
             EventBody::Unfrozen { .. } => "unfrozen",
             EventBody::ApprovalDecided { .. } => "approval_decided",

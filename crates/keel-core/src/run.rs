@@ -809,6 +809,7 @@ impl Run {
                     text,
                 });
             }
+            EventBody::Notified { .. } => {}
             EventBody::Frozen { .. } => self.frozen = true,
             EventBody::Unfrozen { .. } => self.frozen = false,
             EventBody::LoopDetected { rejected_path, .. } => {

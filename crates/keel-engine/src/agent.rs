@@ -202,6 +202,11 @@ impl Engine<'_> {
             && q.step == id
             && self.run.state == RunState::Executing
         {
+            let announcement = serde_json::json!({
+                "run": self.run.id,
+                "kind": "question",
+                "question": q,
+            });
             self.set_state(
                 RunState::Waiting,
                 &format!(
@@ -213,7 +218,7 @@ impl Engine<'_> {
                 ),
                 None,
             )?;
-            return Ok(());
+            return self.notify(&format!("question {}", q.n), &announcement);
         }
         if let Some((category, reason)) = blocked_by_driver {
             let text = format!("the driver stopped the run ({category}): {reason}");

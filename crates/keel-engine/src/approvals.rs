@@ -5,12 +5,15 @@
 use keel_core::agent::Reversibility;
 use keel_core::budget::BudgetName;
 use keel_core::contract::PhaseKind;
-use keel_core::event::{ApprovalRequest, Block, Check, Event, EventBody, Gate};
+use keel_core::event::{ApprovalRequest, Block, Check, Event, EventBody, Gate, OnExpiry};
 use keel_core::run::Run;
 use keel_core::state::RunState;
 use keel_store::Store;
 
 use crate::{Actor, Engine, EngineError, LEASE_TTL_MS, holder_is_stale, now_ms};
+
+/// How long the contract's notify command may take.
+const NOTIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How much of a diff an approval payload shows in full.
 const PAYLOAD_DIFF_BYTES: usize = 512 * 1024;
@@ -95,9 +98,24 @@ impl Engine<'_> {
                 keel_core::checkpoint::Checkpoint::snapshot_ref(&self.run.id, last_checkpoint)
             ),
             created_at_ms: now_ms(),
-            expires_at_ms: None,
-            on_expiry: None,
+            expires_at_ms: self
+                .contract
+                .approvals
+                .expires_ms
+                .map(|ms| now_ms().saturating_add(i64::try_from(ms).unwrap_or(i64::MAX))),
+            on_expiry: self.contract.approvals.expires_ms.map(|_| {
+                if self.contract.approvals.block_on_expiry {
+                    OnExpiry::Block
+                } else {
+                    OnExpiry::Reject
+                }
+            }),
         };
+        let announcement = serde_json::json!({
+            "run": self.run.id,
+            "kind": "approval",
+            "request": request,
+        });
         let n = request.n;
         let reason = format!(
             "waiting for approval request {n} (phase `{name}`); see `keel approvals {}`",
@@ -107,7 +125,43 @@ impl Engine<'_> {
             EventBody::ApprovalRequested { request },
             self.state_change(RunState::AwaitingApproval, &reason, None),
         ])?;
-        self.checkpoint()
+        self.checkpoint()?;
+        self.notify(&format!("approval request {n}"), &announcement)
+    }
+
+    /// Runs the contract's notify command with `what` as JSON on stdin; its outcome is recorded,
+    /// and its failure never stops the run.
+    pub(crate) fn notify(
+        &mut self,
+        what: &str,
+        payload: &serde_json::Value,
+    ) -> Result<(), EngineError> {
+        let Some(command) = self.contract.approvals.notify.clone() else {
+            return Ok(());
+        };
+        let input = self.output_path("notify-input");
+        let output = self.output_path("notify");
+        let outcome = std::fs::write(&input, payload.to_string()).and_then(|()| {
+            crate::process::run_shell_with_input(
+                &command,
+                &self.env.workspace,
+                &self.command_env(None),
+                &output,
+                NOTIFY_TIMEOUT,
+                Some(&input),
+            )
+        });
+        let _ = std::fs::remove_file(&input);
+        let _ = std::fs::remove_file(&output);
+        let (status, ok) = match outcome {
+            Ok(o) => (o.status, o.success),
+            Err(e) => (format!("could not run: {e}"), false),
+        };
+        self.commit(vec![EventBody::Notified {
+            what: what.to_string(),
+            status,
+            ok,
+        }])
     }
 
     /// On resume of a run awaiting approval: a decision that arrived moves it on (approve) or
@@ -116,10 +170,42 @@ impl Engine<'_> {
         let Some(approval) = self.run.approvals.last().cloned() else {
             return Ok(false);
         };
+        let n = approval.request.n;
         let Some(decision) = approval.decision else {
+            // Nobody decided in time: the contract says what that becomes.
+            let expired = approval
+                .request
+                .expires_at_ms
+                .is_some_and(|at| now_ms() >= at);
+            if !expired {
+                return Ok(false);
+            }
+            let block = approval.request.on_expiry == Some(OnExpiry::Block);
+            let reason = "nobody decided before the request's deadline".to_string();
+            self.commit(vec![EventBody::ApprovalDecided {
+                n,
+                approve: false,
+                payload_hash: approval.request.payload_hash.clone(),
+                by: "keel".into(),
+                reason: reason.clone(),
+                via: "expiry".into(),
+            }])?;
+            let text = if block {
+                format!("approval request {n} expired: {reason}; a person decides how to go on")
+            } else {
+                format!("approval request {n} expired and counts as rejected: {reason}")
+            };
+            self.set_state(
+                RunState::Blocked,
+                &text,
+                Some(Block::Rejected {
+                    n,
+                    by: "keel".into(),
+                    reason,
+                }),
+            )?;
             return Ok(false);
         };
-        let n = approval.request.n;
         if !decision.approve {
             self.set_state(
                 RunState::Blocked,

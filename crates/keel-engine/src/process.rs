@@ -60,13 +60,29 @@ pub fn run_shell(
     output: &Path,
     timeout: Duration,
 ) -> std::io::Result<Outcome> {
+    run_shell_with_input(command, dir, env, output, timeout, None)
+}
+
+/// Like [`run_shell`], with the file `input` (if any) as the command's stdin.
+pub fn run_shell_with_input(
+    command: &str,
+    dir: &Path,
+    env: &[(&str, String)],
+    output: &Path,
+    timeout: Duration,
+    input: Option<&Path>,
+) -> std::io::Result<Outcome> {
     let out = File::create(output)?;
     let err = out.try_clone()?;
+    let stdin = match input {
+        Some(path) => Stdio::from(File::open(path)?),
+        None => Stdio::null(),
+    };
     let mut cmd = Command::new("sh");
     cmd.arg("-c")
         .arg(command)
         .current_dir(dir)
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(out)
         .stderr(err)
         .process_group(0);

@@ -62,7 +62,9 @@ pub fn runnable(store: &Store) -> Result<Vec<String>, EngineError> {
 
 fn wants_work(run: &Run) -> bool {
     match run.state {
-        RunState::AwaitingApproval => run.approvals.last().is_some_and(|a| a.decision.is_some()),
+        RunState::AwaitingApproval => run.approvals.last().is_some_and(|a| {
+            a.decision.is_some() || a.request.expires_at_ms.is_some_and(|at| now_ms() >= at)
+        }),
         RunState::Waiting => run.questions.last().is_some_and(|q| q.answer.is_some()),
         RunState::Planned | RunState::Executing | RunState::Verifying => true,
         RunState::Blocked | RunState::Completed | RunState::Failed => false,

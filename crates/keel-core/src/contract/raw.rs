@@ -31,6 +31,8 @@ pub(super) struct RawContract {
     pub scope: Option<RawScope>,
     /// Hard limits; every one is optional and an absent one is unlimited.
     pub budget: Option<RawBudget>,
+    /// How requests for people (approvals, questions) are announced and how long they wait.
+    pub approvals: Option<RawApprovals>,
     /// Verifiers: commands whose exit status is evidence. At least one must have
     /// tier = "acceptance": keel completes a run only with acceptance evidence.
     #[serde(default)]
@@ -44,6 +46,23 @@ pub(super) struct RawContract {
     #[serde(default)]
     #[schemars(with = "Vec<RawTool>")]
     pub tool: Vec<Spanned<RawTool>>,
+}
+
+/// `[approvals]`: how requests for a person are announced, and how long they may wait.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "Approvals")]
+pub(super) struct RawApprovals {
+    /// A shell command run whenever a request or question is created, with it as JSON on
+    /// stdin (for example to post it to a chat channel). Its failure never stops the run.
+    #[schemars(with = "Option<String>")]
+    pub notify: Option<Spanned<String>>,
+    /// How long a request may wait for a decision, e.g. "24h". Default: no deadline.
+    #[schemars(with = "Option<String>")]
+    pub expires: Option<Spanned<String>>,
+    /// What a request nobody decided in time becomes: "reject" (default) or "block".
+    #[schemars(with = "Option<String>")]
+    pub on_expiry: Option<Spanned<String>>,
 }
 
 /// `[task]`: what the run must achieve.

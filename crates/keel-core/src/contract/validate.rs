@@ -10,13 +10,13 @@ use toml::Spanned;
 
 use super::diagnostic::{Diagnostics, reword_toml_error};
 use super::raw::{
-    Dollars, RawBudget, RawContract, RawDriver, RawPhase, RawPhaseKind, RawReversibility, RawScope,
-    RawTask, RawVerifier, RawWorkspace,
+    Dollars, RawApprovals, RawBudget, RawContract, RawDriver, RawPhase, RawPhaseKind,
+    RawReversibility, RawScope, RawTask, RawVerifier, RawWorkspace,
 };
 use super::scope::{Scope, command_glob, path_glob};
 use super::{
-    Contract, ContractError, DEFAULT_LOCKFILES, DEFAULT_TIMEOUT_MS, Driver, DriverKind, Phase,
-    PhaseKind, Task, Tier, Verifier, Workspace,
+    ApprovalPolicy, Contract, ContractError, DEFAULT_LOCKFILES, DEFAULT_TIMEOUT_MS, Driver,
+    DriverKind, Phase, PhaseKind, Task, Tier, Verifier, Workspace,
 };
 use crate::budget::{BudgetLimits, BudgetName};
 
@@ -77,6 +77,7 @@ impl Validator<'_, '_> {
             verify,
             phase,
             tool,
+            approvals,
         } = raw;
 
         let task = self.task(task);
@@ -113,7 +114,10 @@ impl Validator<'_, '_> {
             }
         }
 
+        let approvals = self.approvals(approvals);
+
         Some(Contract {
+            approvals: approvals?,
             hash: blake3::hash(source.as_bytes()).to_hex().to_string(),
             source: source.to_string(),
             task: task?,
@@ -183,6 +187,46 @@ impl Validator<'_, '_> {
             path: path?,
             fingerprint: fingerprint?,
             lockfiles: lockfiles?,
+        })
+    }
+
+    fn approvals(&mut self, raw: Option<RawApprovals>) -> Option<ApprovalPolicy> {
+        let Some(raw) = raw else {
+            return Some(ApprovalPolicy::default());
+        };
+        let mut ok = self.not_blank(
+            &raw.notify,
+            "the notify command is empty; write a shell command or remove the key",
+        );
+        let expires_ms = match &raw.expires {
+            Some(t) => match self.duration("approvals.expires", t) {
+                Some(ms) => Some(ms),
+                None => {
+                    ok = false;
+                    None
+                }
+            },
+            None => None,
+        };
+        let block_on_expiry = match &raw.on_expiry {
+            None => false,
+            Some(v) => match v.get_ref().as_str() {
+                "reject" => false,
+                "block" => true,
+                other => {
+                    self.d.at(
+                        &v.span(),
+                        format!("on_expiry is \"{other}\"; write \"reject\" or \"block\""),
+                    );
+                    ok = false;
+                    false
+                }
+            },
+        };
+        ok.then(|| ApprovalPolicy {
+            notify: raw.notify.map(Spanned::into_inner),
+            expires_ms,
+            block_on_expiry,
         })
     }
 
