@@ -385,3 +385,100 @@ objective = "Ask which colour, then write it to answer.txt."
         "{prompt:#}"
     );
 }
+
+#[test]
+fn a_budget_block_asks_for_a_raise_that_an_approval_grants() {
+    let outside = tempfile::tempdir().unwrap();
+    let marker = outside.path().join("m");
+    let text = contract(&marker)
+        .replace("approval = true\n", "")
+        .replace("[task]", "[budget]\nsteps = 1\n\n[task]");
+    let f = Fixture::new(&text);
+    let (id, out) = f.start(&[]);
+    assert_eq!(out.status.code(), Some(4), "{}", f.explain(&out));
+    let list = pending(&f);
+    assert_eq!(list.len(), 1, "{list:#?}");
+    assert_eq!(list[0]["gate"]["gate"], "budget_raise");
+    assert_eq!(list[0]["gate"]["budget"], "steps");
+    let payload = list[0]["payload"].as_str().unwrap();
+    assert!(payload.contains("from 1 to 2"), "{payload}");
+    let hash = list[0]["payload_hash"].as_str().unwrap();
+    f.keel()
+        .args([
+            "approve",
+            &id,
+            "1",
+            "--payload-hash",
+            hash,
+            "--reason",
+            "fine",
+        ])
+        .env("KEEL_USER", "alice")
+        .output()
+        .unwrap();
+    f.expect(&["worker", "--once"], 0);
+    assert_eq!(state(&f.status(&id)), "completed");
+    let raised = f
+        .events(&id)
+        .into_iter()
+        .find(|e| e["kind"] == "budget_raised")
+        .unwrap();
+    assert_eq!(raised["body"]["by"], "alice");
+    assert_eq!(raised["body"]["to"], 2);
+}
+
+#[test]
+fn a_drift_block_asks_whether_to_migrate_and_an_approval_migrates() {
+    let outside = tempfile::tempdir().unwrap();
+    let marker = outside.path().join("m");
+    let text = contract(&marker).replace("approval = true\n", "");
+    let f = Fixture::new(&text);
+    // Killed right after the first step was verified (the second-to-last commit of step 1).
+    let points = common::fault_points(&text);
+    let after_verified = points
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.as_str() == "after commit")
+        .map(|(i, _)| i + 1)
+        .find(|&n| {
+            let f2 = Fixture::new(&text);
+            let (id, _) = f2.start(&[("KEEL_CRASH_AT", n.to_string())]);
+            f2.events(&id)
+                .last()
+                .is_some_and(|e| e["kind"] == "step_verified")
+        })
+        .unwrap();
+    let (id, out) = f.start(&[("KEEL_CRASH_AT", after_verified.to_string())]);
+    assert_eq!(out.status.code(), None, "{}", f.explain(&out));
+    std::fs::write(f.path("README.md"), "changed by a person\n").unwrap();
+    f.expect(&["resume", &id], 4);
+    let list = pending(&f);
+    assert_eq!(list.len(), 1, "{list:#?}");
+    assert_eq!(list[0]["gate"]["gate"], "migration");
+    assert!(list[0]["payload"].as_str().unwrap().contains("README.md"));
+    let hash = list[0]["payload_hash"].as_str().unwrap();
+    f.expect(
+        &[
+            "approve",
+            &id,
+            "1",
+            "--payload-hash",
+            hash,
+            "--reason",
+            "my edit",
+        ],
+        0,
+    );
+    f.expect(&["resume", &id], 0);
+    let migrated = f
+        .events(&id)
+        .into_iter()
+        .find(|e| e["kind"] == "migrated")
+        .unwrap();
+    assert!(
+        migrated["body"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("my edit")
+    );
+}

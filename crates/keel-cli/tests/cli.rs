@@ -186,7 +186,8 @@ fn read_commands_have_stable_json_field_names() {
     }
     assert_eq!(st["budgets"]["steps"]["limit"], 10);
     assert_eq!(st["budgets"]["steps"]["used"], 2);
-    assert_eq!(st["budgets"]["tokens"]["enforced"], false);
+    assert_eq!(st["budgets"]["tokens"]["enforced"], true);
+    assert_eq!(st["budgets"]["network_requests"]["enforced"], false);
     assert!(st["budgets"]["tokens"]["limit"].is_null());
     assert_eq!(st["budgets"]["wall_time"]["unit"], "ms");
     assert_eq!(st["budgets"]["cost_usd"]["unit"], "micro_usd");
@@ -422,15 +423,18 @@ fn a_missing_contract_file_is_a_usage_error() {
 }
 
 #[test]
-fn detach_is_refused_as_not_supported_yet() {
+fn detach_creates_the_run_and_leaves_it_for_a_worker() {
     let f = Fixture::new(GOOD);
-    let out = f.expect(&["run", "--detach", "keel.toml"], 2);
+    let out = f.expect(&["run", "--detach", "keel.toml"], 0);
+    let id = stdout(&out).lines().next().unwrap()[4..].to_string();
     assert!(
-        stderr(&out).contains("not supported"),
+        stdout(&out).contains("left for a worker"),
         "{}",
         f.explain(&out)
     );
-    assert!(!f.path(".keel").exists(), "nothing was created");
+    let status = f.status(&id);
+    assert_eq!(state(&status), "planned");
+    assert_eq!(status["budgets"]["steps"]["used"], 0, "nothing ran");
 }
 
 #[test]

@@ -247,6 +247,133 @@ impl Engine<'_> {
     }
 }
 
+impl Engine<'_> {
+    /// A request to a person that stands beside a block: raise the exhausted budget, or accept
+    /// the changed environment. The run stays blocked; an approval in the inbox (or `keel unblock`
+    /// / `keel resume --migrate` on the command line) lets it go on.
+    fn request_beside_block(
+        &mut self,
+        gate: Gate,
+        intent: String,
+        payload: String,
+        risk: String,
+    ) -> Result<(), EngineError> {
+        // Not twice for the same thing, and never beyond the approvals budget.
+        let hash = ApprovalRequest::hash_payload(&payload);
+        if self
+            .run
+            .pending_approval()
+            .is_some_and(|a| a.request.payload_hash == hash)
+        {
+            return Ok(());
+        }
+        if let Some(limit) = self.run.limits.get(BudgetName::Approvals)
+            && self.run.used(BudgetName::Approvals) >= limit
+        {
+            return Ok(());
+        }
+        let request = ApprovalRequest {
+            n: self.run.approvals.len() as u32 + 1,
+            gate,
+            intent,
+            payload_hash: hash,
+            payload,
+            checks: self
+                .run
+                .evidence
+                .values()
+                .map(|e| Check {
+                    verifier: e.verifier.clone(),
+                    passed: e.passed,
+                    status: e.status.clone(),
+                    evidence: e.n,
+                })
+                .collect(),
+            risk,
+            reversibility: Reversibility::Reversible,
+            rollback: "nothing to undo: approving only lets the run go on; cancel it to stop"
+                .into(),
+            created_at_ms: now_ms(),
+            expires_at_ms: None,
+            on_expiry: None,
+        };
+        let n = request.n;
+        let announcement = serde_json::json!({
+            "run": self.run.id,
+            "kind": "approval",
+            "request": request,
+        });
+        self.commit(vec![EventBody::ApprovalRequested { request }])?;
+        self.notify(&format!("approval request {n}"), &announcement)
+    }
+
+    pub(crate) fn request_budget_raise(
+        &mut self,
+        stop: &keel_core::event::BudgetStop,
+    ) -> Result<(), EngineError> {
+        if stop.budget == BudgetName::Approvals {
+            return Ok(());
+        }
+        let to = stop.limit.saturating_add((stop.limit / 2).max(1));
+        let b = stop.budget;
+        self.request_beside_block(
+            Gate::BudgetRaise { budget: b, to },
+            format!("Raise budget `{b}` so that the run can go on."),
+            format!(
+                "raise budget `{b}` from {} to {} (used {})\n",
+                b.format_amount(stop.limit),
+                b.format_amount(to),
+                b.format_amount(stop.used)
+            ),
+            format!(
+                "the run may spend up to {} more of `{b}`",
+                b.format_amount(to - stop.limit)
+            ),
+        )
+    }
+
+    pub(crate) fn request_migration(&mut self, payload: String) -> Result<(), EngineError> {
+        self.request_beside_block(
+            Gate::Migration,
+            "Continue the run in the changed environment.".into(),
+            payload,
+            "the run continues from facts that changed under it; its verified steps are not re-run"
+                .into(),
+        )
+    }
+
+    /// An approved raise request of a budget-blocked run becomes the raise, recorded with who
+    /// approved it. Returns false when the newest such request was rejected.
+    pub(crate) fn apply_approved_raise(
+        &mut self,
+        stop: &keel_core::event::BudgetStop,
+    ) -> Result<bool, EngineError> {
+        let Some(a) = self.run.approvals.iter().rev().find(
+            |a| matches!(a.request.gate, Gate::BudgetRaise { budget, .. } if budget == stop.budget),
+        ) else {
+            return Ok(true);
+        };
+        let (Gate::BudgetRaise { to, .. }, Some(d)) = (&a.request.gate, &a.decision) else {
+            return Ok(true);
+        };
+        if !d.approve {
+            return Ok(false);
+        }
+        let from = self.run.limits.get(stop.budget);
+        if from.is_some_and(|f| f < *to) {
+            let body = EventBody::BudgetRaised {
+                budget: stop.budget,
+                from,
+                to: *to,
+                reason: format!("approved request {}: {}", a.request.n, d.reason),
+                by: d.by.clone(),
+            };
+            self.commit(vec![body])?;
+        }
+        Ok(true)
+    }
+}
+
 /// What came of delivering a decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decided {

@@ -25,7 +25,9 @@ use keel_core::budget::BudgetName;
 use keel_core::checkpoint::Checkpoint;
 use keel_core::contract::{Contract, ContractError, PhaseKind, Tier, Verifier};
 use keel_core::errorfp::error_fingerprint;
-use keel_core::event::{Block, Event, EventBody, Evidence, PhaseOutline, StepId};
+use keel_core::event::{
+    ApprovalRequest, Block, Event, EventBody, Evidence, Gate, PhaseOutline, StepId,
+};
 use keel_core::fingerprint::{Fingerprint, FingerprintChange};
 use keel_core::run::{ApplyError, Next, Run};
 use keel_core::state::RunState;
@@ -1131,7 +1133,12 @@ impl Engine<'_> {
             "{stop}; raise it with `keel unblock {} --budget {}=+N --reason \"…\"`",
             self.run.id, stop.budget
         );
-        self.set_state(RunState::Blocked, &reason, Some(Block::Budget(stop)))
+        self.set_state(
+            RunState::Blocked,
+            &reason,
+            Some(Block::Budget(stop.clone())),
+        )?;
+        self.request_budget_raise(&stop)
     }
 
     fn phase_outline(&self, phase: u32) -> (String, Vec<String>, u64, Vec<String>) {
@@ -1546,29 +1553,42 @@ impl Engine<'_> {
             }
             return Ok(true);
         }
+        let described: Vec<String> = changes.iter().map(ToString::to_string).collect();
+        let payload = migration_payload(&described);
+        // A migration a person approved in the inbox, for exactly these changes.
+        let approved =
+            self.run
+                .approvals
+                .last()
+                .and_then(|a| match (&a.request.gate, &a.decision) {
+                    (Gate::Migration, Some(d))
+                        if d.approve
+                            && a.request.payload_hash
+                                == ApprovalRequest::hash_payload(&payload) =>
+                    {
+                        Some((a.request.n, d.by.clone(), d.reason.clone()))
+                    }
+                    _ => None,
+                });
+        let options = match (&options.migrate, approved) {
+            (None, Some((n, by, reason))) => {
+                let actor = Actor {
+                    holder: actor.holder.clone(),
+                    by,
+                };
+                let reason = format!("approved request {n}: {reason}");
+                return self.migrate(changes, now, &reason, &actor, drift_block);
+            }
+            _ => options,
+        };
         if let Some(reason) = &options.migrate {
             if reason.trim().is_empty() {
                 return Err(EngineError::Usage(
                     "--migrate needs a --reason: the migration is recorded with who and why".into(),
                 ));
             }
-            let mut bodies = vec![EventBody::Migrated {
-                changes,
-                reason: reason.clone(),
-                by: actor.by.clone(),
-                fingerprint: now,
-            }];
-            if drift_block {
-                bodies.push(self.state_change(
-                    RunState::Executing,
-                    &format!("migrated by {}: {reason}", actor.by),
-                    None,
-                ));
-            }
-            self.commit(bodies)?;
-            return Ok(true);
+            return self.migrate(changes, now, reason, actor, drift_block);
         }
-        let described: Vec<String> = changes.iter().map(ToString::to_string).collect();
         let reason = format!(
             "the environment changed since the last step: {}. Put it back, or continue with `keel resume {} --migrate --reason \"…\"`",
             described.join("; "),
@@ -1585,7 +1605,33 @@ impl Engine<'_> {
             ));
         }
         self.commit(bodies)?;
+        self.request_migration(payload)?;
         Ok(false)
+    }
+
+    fn migrate(
+        &mut self,
+        changes: Vec<FingerprintChange>,
+        now: Fingerprint,
+        reason: &str,
+        actor: &Actor,
+        drift_block: bool,
+    ) -> Result<bool, EngineError> {
+        let mut bodies = vec![EventBody::Migrated {
+            changes,
+            reason: reason.to_string(),
+            by: actor.by.clone(),
+            fingerprint: now,
+        }];
+        if drift_block {
+            bodies.push(self.state_change(
+                RunState::Executing,
+                &format!("migrated by {}: {reason}", actor.by),
+                None,
+            ));
+        }
+        self.commit(bodies)?;
+        Ok(true)
     }
 
     /// Puts the working tree back to `target`, keeping what it held under a ref.
@@ -1631,6 +1677,9 @@ impl Engine<'_> {
     fn lift_block(&mut self) -> Result<bool, EngineError> {
         match self.run.block.clone() {
             Some(Block::Budget(stop)) => {
+                if !self.apply_approved_raise(&stop)? {
+                    return Ok(false);
+                }
                 let still = self
                     .run
                     .budget_stop_before_step()
@@ -1722,4 +1771,14 @@ pub fn describe_changes(changes: &[FingerprintChange]) -> String {
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// The exact payload of a migration request: the changes, one per line.
+fn migration_payload(described: &[String]) -> String {
+    let mut text =
+        String::from("continue the run in the environment as it is now; what changed:\n");
+    for d in described {
+        text.push_str(&format!("  - {d}\n"));
+    }
+    text
 }

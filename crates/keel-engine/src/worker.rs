@@ -67,7 +67,15 @@ fn wants_work(run: &Run) -> bool {
         }),
         RunState::Waiting => run.questions.last().is_some_and(|q| q.answer.is_some()),
         RunState::Planned | RunState::Executing | RunState::Verifying => true,
-        RunState::Blocked | RunState::Completed | RunState::Failed => false,
+        // A block a person lifted in the inbox (a raise or a migration approved).
+        RunState::Blocked => run.approvals.last().is_some_and(|a| {
+            a.decision.as_ref().is_some_and(|d| d.approve)
+                && matches!(
+                    a.request.gate,
+                    keel_core::event::Gate::BudgetRaise { .. } | keel_core::event::Gate::Migration
+                )
+        }),
+        RunState::Completed | RunState::Failed => false,
     }
 }
 
