@@ -222,3 +222,26 @@ fn sigterm_stops_a_worker_at_a_step_boundary() {
     assert_eq!(state(&f.status(&id)), "completed");
     assert_eq!(executions(&marker), ["a", "b", "c"]);
 }
+
+#[test]
+fn a_worker_killed_while_a_run_waits_leaves_it_for_the_next_and_nothing_runs_twice() {
+    let outside = tempfile::tempdir().unwrap();
+    let marker = outside.path().join("m");
+    let f = Fixture::new(&slow_contract(&marker, true).replace("sleep 1; ", ""));
+    let id = detach(&f);
+    // A worker takes the run to its gate, where it waits for a person, and is killed there.
+    let mut a = worker(&f, &[]);
+    wait_for(&f, &id, "awaiting approval", |v| {
+        v["state"] == "awaiting_approval"
+    });
+    a.kill().unwrap();
+    a.wait().unwrap();
+    let list: serde_json::Value =
+        serde_json::from_slice(&f.expect(&["approvals", "--json"], 0).stdout).unwrap();
+    let hash = list[0]["payload_hash"].as_str().unwrap();
+    f.expect(&["approve", &id, "1", "--payload-hash", hash], 0);
+    f.expect(&["worker", "--once"], 0);
+    assert_eq!(state(&f.status(&id)), "completed");
+    assert_eq!(executions(&marker), ["a", "b", "c"]);
+    f.verify_log_ok(&id);
+}
