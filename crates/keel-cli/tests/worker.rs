@@ -245,3 +245,53 @@ fn a_worker_killed_while_a_run_waits_leaves_it_for_the_next_and_nothing_runs_twi
     assert_eq!(executions(&marker), ["a", "b", "c"]);
     f.verify_log_ok(&id);
 }
+
+#[test]
+fn a_git_lock_left_by_a_killed_process_does_not_stop_the_next_one() {
+    let outside = tempfile::tempdir().unwrap();
+    let marker = outside.path().join("m");
+    let f = Fixture::new(&slow_contract(&marker, true).replace("sleep 1; ", ""));
+    let (id, out) = f.start(&[]);
+    assert_eq!(out.status.code(), Some(3));
+    let checkpoints = f.status(&id)["checkpoints"].as_u64().unwrap();
+    // The lock git holds while it moves the next checkpoint's ref, as a killed git leaves it.
+    let refs = f.path(&format!(".git/refs/keel/{id}"));
+    std::fs::write(refs.join(format!("{checkpoints}.lock")), "").unwrap();
+    let list: serde_json::Value =
+        serde_json::from_slice(&f.expect(&["approvals", "--json"], 0).stdout).unwrap();
+    let hash = list[0]["payload_hash"].as_str().unwrap();
+    f.expect(&["approve", &id, "1", "--payload-hash", hash], 0);
+    let out = f.expect(&["worker", "--once"], 0);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("completed"),
+        "{}",
+        f.explain(&out)
+    );
+    assert!(refs.join(checkpoints.to_string()).exists());
+}
+
+#[test]
+fn a_run_that_cannot_be_driven_does_not_keep_a_worker_busy() {
+    let outside = tempfile::tempdir().unwrap();
+    let marker = outside.path().join("m");
+    let f = Fixture::new(&slow_contract(&marker, false).replace("sleep 1; ", ""));
+    let id = detach(&f);
+    // Damage in the middle of the log: resume refuses the run, every time.
+    f.db()
+        .execute(
+            "UPDATE events SET body = replace(body, 'run_created', 'run_createx') WHERE seq = 1",
+            [],
+        )
+        .unwrap();
+    f.db()
+        .execute("DELETE FROM checkpoints WHERE run_id = ?1", [&id])
+        .unwrap();
+    let out = f.expect(&["worker", "--once"], 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("not driven"), "{}", f.explain(&out));
+    assert_eq!(
+        stdout.matches("not driven").count(),
+        1,
+        "tried once: {stdout}"
+    );
+}

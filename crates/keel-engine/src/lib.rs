@@ -1309,6 +1309,7 @@ impl Engine<'_> {
         let mut restored = Vec::new();
         if now_tree != pre_tree {
             let refname = format!("refs/keel/{}/interrupted/{}", self.run.id, self.run.seq);
+            self.env.git.clear_ref_lock(&refname)?;
             let head = self.env.git.head()?;
             self.env.git.snapshot(
                 &now_tree,
@@ -1483,6 +1484,9 @@ impl Engine<'_> {
         let n = self.run.checkpoints;
         let refname = Checkpoint::snapshot_ref(&self.run.id, n);
         let tree = self.run.fingerprint.tree.clone();
+        // A process that died while writing this ref may have left git's lock on it; this
+        // process holds the run's lease, so no one else writes the run's refs.
+        self.env.git.clear_ref_lock(&refname)?;
         let commit = self.env.git.snapshot(
             &tree,
             self.run.fingerprint.head.as_deref(),
@@ -1641,6 +1645,7 @@ impl Engine<'_> {
             return Ok(());
         }
         let refname = format!("refs/keel/{}/interrupted/{}", self.run.id, self.run.seq);
+        self.env.git.clear_ref_lock(&refname)?;
         let head = self.env.git.head()?;
         self.env.git.snapshot(
             &now_tree,

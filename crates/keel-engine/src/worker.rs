@@ -16,6 +16,9 @@ use keel_store::{Store, StoreError};
 
 use crate::{Actor, EngineError, Observer, ResumeOptions, holder_is_stale, now_ms, resume};
 
+/// The first wait before a worker tries again a run it could not drive; it doubles each time.
+const FAILED_RETRY_BASE: Duration = Duration::from_secs(5);
+
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
     pub actor: Actor,
@@ -89,11 +92,20 @@ pub fn work(
     let mut store = Store::open(store_path)?;
     let mut report = WorkerReport::default();
     let stopped = || stop.load(Ordering::SeqCst) || crate::stop_requested();
+    // Runs that failed in this worker, and when they may be tried again: a run that cannot be
+    // driven must not keep the worker busy (a `--once` worker does not try it again at all).
+    let mut failed: std::collections::HashMap<String, (u32, std::time::Instant)> =
+        std::collections::HashMap::new();
     while !stopped() {
         let mut did = false;
         for id in runnable(&store)? {
             if stopped() {
                 break;
+            }
+            if let Some((_, retry_at)) = failed.get(&id)
+                && (options.once || std::time::Instant::now() < *retry_at)
+            {
+                continue;
             }
             let heartbeat = Heartbeat::start(
                 store_path.to_path_buf(),
@@ -120,7 +132,9 @@ pub fn work(
                 // Another worker got there first.
                 Err(EngineError::Store(StoreError::LeaseHeld { .. })) => {}
                 Err(e) => {
-                    did = true;
+                    let tries = failed.get(&id).map_or(0, |(n, _)| *n) + 1;
+                    let wait = FAILED_RETRY_BASE.saturating_mul(2u32.saturating_pow(tries.min(6)));
+                    failed.insert(id.clone(), (tries, std::time::Instant::now() + wait));
                     report.errors.push((id.clone(), e.to_string()));
                 }
             }

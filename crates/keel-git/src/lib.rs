@@ -253,6 +253,30 @@ impl Git {
         Ok(commit)
     }
 
+    /// Removes the lock file of ref `refname` left by a git that died while moving it (a
+    /// `<ref>.lock` beside it), so the next update can go ahead. Only for refs the caller alone
+    /// writes — keel's own `refs/keel/<run>/…`, written only by the holder of the run's lease —
+    /// because a live git's lock would be taken from it too. Returns whether there was one.
+    pub fn clear_ref_lock(&self, refname: &str) -> Result<bool, GitError> {
+        if !refname.starts_with("refs/keel/") || refname.contains("..") {
+            return Err(GitError::InvalidArgument {
+                what: "ref name",
+                value: refname.to_string(),
+                reason: "only keel's own refs (refs/keel/…) may have their lock cleared",
+            });
+        }
+        let lock = self.git_dir.join(format!("{refname}.lock"));
+        match fs::remove_file(&lock) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(source) => Err(GitError::Io {
+                action: "remove a stale ref lock",
+                path: lock,
+                source,
+            }),
+        }
+    }
+
     /// Full object id `rev` names, or `None` if it names nothing that exists. Any revision
     /// syntax git understands (`HEAD`, `refs/keel/r/1`, `HEAD:path`, an abbreviated id).
     pub fn resolve(&self, rev: &str) -> Result<Option<String>, GitError> {

@@ -178,3 +178,23 @@ fn snapshot_onto_a_symbolic_ref_replaces_it_instead_of_moving_its_target() {
     assert_eq!(repo.git(&["rev-parse", "refs/heads/other"]), other);
     assert_eq!(repo.git(&["rev-parse", "refs/keel/r/alias"]), commit);
 }
+
+#[test]
+fn a_stale_lock_on_a_keel_ref_can_be_cleared_and_the_snapshot_goes_ahead() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    let git = repo.open(&[]);
+    let tree = git.worktree_tree().unwrap();
+    let refname = "refs/keel/run1/1";
+    git.snapshot(&tree, None, "first", refname).unwrap();
+    // A git killed while moving the ref leaves its lock behind: the next update fails.
+    std::fs::write(repo.path().join(".git/refs/keel/run1/1.lock"), "").unwrap();
+    assert!(git.snapshot(&tree, None, "second", refname).is_err());
+    assert!(git.clear_ref_lock(refname).unwrap());
+    assert!(
+        !git.clear_ref_lock(refname).unwrap(),
+        "nothing left to clear"
+    );
+    git.snapshot(&tree, None, "second", refname).unwrap();
+    // Only keel's own refs.
+    assert!(git.clear_ref_lock("refs/heads/main").is_err());
+}
