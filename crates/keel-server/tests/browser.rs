@@ -194,27 +194,37 @@ impl<'a> Session<'a> {
         );
     }
 
-    fn text(&self, element: &str) -> String {
-        self.cmd("GET", &format!("/element/{element}/text"), None)
+    /// Runs `op` on the element matching `css`, finding it again when the page re-rendered it
+    /// in between (WebDriver's "stale element reference").
+    fn on_fresh(&self, css: &str, method: &str, suffix: &str, body: Option<Value>) -> Value {
+        for _ in 0..LOOKS {
+            let element = self.wait_for(css);
+            let url = format!(
+                "{}/session/{}/element/{element}{suffix}",
+                self.driver.url, self.id
+            );
+            match try_raw(method, &url, body.clone()) {
+                Ok(v) => return v,
+                Err(e) if e.contains("stale element") => std::thread::sleep(LOOK_EVERY),
+                Err(e) => panic!("WebDriver {url} failed: {e}\n{}", self.driver.log_text()),
+            }
+        }
+        panic!("`{css}` kept being replaced by the page");
+    }
+
+    fn text_of(&self, css: &str) -> String {
+        self.on_fresh(css, "GET", "/text", None)
             .as_str()
             .unwrap()
             .to_string()
     }
 
-    fn click(&self, element: &str) {
-        self.cmd(
-            "POST",
-            &format!("/element/{element}/click"),
-            Some(json!({})),
-        );
+    fn click_on(&self, css: &str) {
+        self.on_fresh(css, "POST", "/click", Some(json!({})));
     }
 
-    fn type_into(&self, element: &str, text: &str) {
-        self.cmd(
-            "POST",
-            &format!("/element/{element}/value"),
-            Some(json!({ "text": text })),
-        );
+    fn type_into_css(&self, css: &str, text: &str) {
+        self.on_fresh(css, "POST", "/value", Some(json!({ "text": text })));
     }
 
     fn script(&self, script: &str, args: Value) -> Value {
@@ -265,6 +275,29 @@ impl Drop for Session<'_> {
     fn drop(&mut self) {
         let url = format!("{}/session/{}", self.driver.url, self.id);
         let _ = client().delete(url).send();
+    }
+}
+
+/// A WebDriver command whose error is returned (as `error: message`), not a failure.
+fn try_raw(method: &str, url: &str, body: Option<Value>) -> Result<Value, String> {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).map_err(|e| e.to_string())?;
+    let mut request = client().request(method, url);
+    if let Some(b) = body {
+        request = request
+            .header("Content-Type", "application/json")
+            .body(b.to_string());
+    }
+    let response = request.send().map_err(|e| e.to_string())?;
+    let status = response.status();
+    let text = response.text().map_err(|e| e.to_string())?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{status}: {e}: {text}"))?;
+    if status.is_success() {
+        Ok(v["value"].clone())
+    } else {
+        Err(format!(
+            "{}: {}",
+            v["value"]["error"], v["value"]["message"]
+        ))
     }
 }
 
@@ -343,11 +376,9 @@ fn the_page_shows_the_request_with_its_diff_and_approve_lets_the_worker_finish_t
 
     // Without the token the page shows no data and asks for it; a wrong one is refused.
     session.goto(&server.url("/"));
-    let field = session.wait_for("#login #token");
-    session.type_into(&field, "not-the-token-0123456789");
-    session.click(&session.wait_for("#login button"));
-    let refused = session.wait_for("#login-error:not([hidden])");
-    let refusal = session.text(&refused);
+    session.type_into_css("#login #token", "not-the-token-0123456789");
+    session.click_on("#login button");
+    let refusal = session.text_of("#login-error:not([hidden])");
     assert!(refusal.contains("token is wrong"), "{refusal}");
     assert!(session.find_all("article[data-testid=approval]").is_empty());
     // Reading the console empties it: what the refusal logged (the browser's own notes of the
@@ -357,17 +388,16 @@ fn the_page_shows_the_request_with_its_diff_and_approve_lets_the_worker_finish_t
 
     // The token comes once in the address; the page keeps it and drops it from the address bar.
     session.goto(&server.url(&format!("/?token={TOKEN}")));
-    let card = session.wait_for("article[data-testid=approval]");
+    session.wait_for("article[data-testid=approval]");
     let url = session.script("return location.href", json!([]));
     assert!(
         !url.as_str().unwrap().contains(TOKEN),
         "the token stays out of the address bar: {url}"
     );
-    let who = session.wait_for("#by");
-    session.type_into(&who, "oncall-alice");
+    session.type_into_css("#by", "oncall-alice");
 
     // The request as a person sees it: intent, risk, rollback, checks, and the diff.
-    let text = session.text(&card);
+    let text = session.text_of("article[data-testid=approval]");
     for expected in [
         "Approval request #1",
         "Run phase `publish`",
@@ -386,13 +416,14 @@ fn the_page_shows_the_request_with_its_diff_and_approve_lets_the_worker_finish_t
         );
     }
     let diff = session.script(
-        "const add = [...arguments[0].querySelectorAll('.dl.add')]; \
-         const del = [...arguments[0].querySelectorAll('.dl.del')]; \
+        "const card = document.querySelector('article[data-testid=approval]'); \
+         const add = [...card.querySelectorAll('.dl.add')]; \
+         const del = [...card.querySelectorAll('.dl.del')]; \
          const style = add.length ? getComputedStyle(add[0]) : null; \
          return { add: add.map(e => e.textContent), del: del.map(e => e.textContent), \
                   background: style && style.backgroundColor, \
                   font: style && getComputedStyle(add[0].querySelector('.code')).fontFamily };",
-        json!([{ ELEMENT: card }]),
+        json!([]),
     );
     let added: Vec<&str> = diff["add"]
         .as_array()
@@ -420,8 +451,7 @@ fn the_page_shows_the_request_with_its_diff_and_approve_lets_the_worker_finish_t
     session.screenshot(&screenshot_dir().join("inbox.png"));
 
     // Approve.
-    let approve = session.wait_for("article[data-testid=approval] button[data-testid=approve]");
-    session.click(&approve);
+    session.click_on("article[data-testid=approval] button[data-testid=approve]");
 
     // The run goes on and completes; the run list shows it.
     let state_css = format!("li[data-run=\"{}\"] .pill.state", w.run);
@@ -486,7 +516,7 @@ fn the_page_shows_the_request_with_its_diff_and_approve_lets_the_worker_finish_t
             "the timeline lacks {expected:?}:\n{timeline}"
         );
     }
-    let times = session.text(&session.wait_for("#run-facts .times"));
+    let times = session.text_of("#run-facts .times");
     assert!(
         times.contains("working") && times.contains("waiting for people"),
         "{times}"
