@@ -174,7 +174,10 @@ fn scenario(steps: usize, context_tokens: u64) -> Result<Scenario> {
     let dir = tempfile::tempdir().context("creating a temporary directory")?;
     let ws = dir.path();
     workspace(ws)?;
-    std::fs::write(ws.join("actions.jsonl"), script(steps))?;
+    std::fs::write(
+        ws.join("actions.jsonl"),
+        keel_test_support::survey::script(steps),
+    )?;
     std::fs::write(ws.join("keel.toml"), contract(context_tokens))?;
 
     let contract_path = ws.join("keel.toml");
@@ -249,36 +252,12 @@ fn git(dir: &Path, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-const WORDS: [&str; 16] = [
-    "parser",
-    "overflow",
-    "buffer",
-    "index",
-    "lexer",
-    "token",
-    "arena",
-    "cursor",
-    "span",
-    "recursion",
-    "stack",
-    "heap",
-    "checksum",
-    "header",
-    "footer",
-    "offset",
-];
-
 /// A git repository with five 200-line files to read.
 fn workspace(ws: &Path) -> Result<()> {
     git(ws, &["init", "-q", "-b", "main"])?;
     std::fs::write(ws.join("README.md"), "keel-bench workspace\n")?;
     std::fs::write(ws.join(".gitignore"), ".keel/\n")?;
-    for k in 0..5 {
-        let text: String = (1..=200)
-            .map(|n| format!("file {k} line {n}: {}\n", WORDS[(n * 7 + k) % WORDS.len()]))
-            .collect();
-        std::fs::write(ws.join(format!("file{k}.txt")), text)?;
-    }
+    keel_test_support::survey::write_files(ws)?;
     git(ws, &["add", "-A"])?;
     git(ws, &["commit", "-q", "-m", "bench workspace"])
 }
@@ -311,67 +290,6 @@ tools = ["read", "note", "plan", "finish"]
 }
 
 /// xorshift64*: deterministic, so every run of the benchmark replays the same script.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-}
-
-fn words(rng: &mut Rng, n: u64) -> String {
-    (0..n)
-        .map(|_| WORDS[rng.range(0, WORDS.len() as u64 - 1) as usize])
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// `steps - 1` calls drawn from one distribution (notes of 5–60 words, one in ten of 150–300;
-/// reads of 1–60 lines; plans of 1–12 items), then `finish`. The same generator and seed as the
-/// `prompt_size` test of keel-cli.
-fn script(steps: usize) -> String {
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    let mut lines = Vec::with_capacity(steps);
-    for i in 0..steps - 1 {
-        let action = match i % 3 {
-            0 => {
-                let n = if rng.range(0, 9) == 0 {
-                    rng.range(150, 300)
-                } else {
-                    rng.range(5, 60)
-                };
-                json!({"tool": "note", "args": {"text": format!("fact {i}: {}", words(&mut rng, n))}})
-            }
-            1 => json!({"tool": "read", "args": {
-                "path": format!("file{}.txt", rng.range(0, 4)),
-                "offset": rng.range(1, 150),
-                "limit": rng.range(1, 60),
-            }}),
-            _ => {
-                let items: Vec<String> = (0..rng.range(1, 12))
-                    .map(|j| {
-                        let n = rng.range(2, 10);
-                        format!("step {i}.{j}: {}", words(&mut rng, n))
-                    })
-                    .collect();
-                json!({"tool": "plan", "args": {"items": items}})
-            }
-        };
-        lines.push(action.to_string());
-    }
-    lines.push(json!({"tool": "finish", "args": {"summary": "surveyed"}}).to_string());
-    lines.join("\n") + "\n"
-}
-
 /// Bytes of every file under `dir`.
 fn size(dir: &Path) -> Result<u64> {
     let mut total = 0;

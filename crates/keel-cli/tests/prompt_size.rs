@@ -10,7 +10,7 @@
 mod common;
 
 use common::{Fixture, git, state};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 const STEPS: usize = 500;
 const CONTEXT_TOKENS: u64 = 4000;
@@ -18,87 +18,6 @@ const GOAL: &str = "Survey the five files and keep notes on them.";
 const OBJECTIVE: &str = "Read the files, keep notes and a plan, then finish.";
 
 /// xorshift64*: a small deterministic generator, so the script is the same on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-}
-
-const WORDS: [&str; 16] = [
-    "parser",
-    "overflow",
-    "buffer",
-    "index",
-    "lexer",
-    "token",
-    "arena",
-    "cursor",
-    "span",
-    "recursion",
-    "stack",
-    "heap",
-    "checksum",
-    "header",
-    "footer",
-    "offset",
-];
-
-fn words(rng: &mut Rng, n: u64) -> String {
-    (0..n)
-        .map(|_| WORDS[rng.range(0, WORDS.len() as u64 - 1) as usize])
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// `steps - 1` varied calls, drawn from the same distribution all along (so a growing prompt
-/// would be the harness's doing, not the script's), then `finish`.
-fn script(steps: usize) -> String {
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    let mut lines = Vec::with_capacity(steps);
-    for i in 0..steps - 1 {
-        let action = match i % 3 {
-            0 => {
-                // Mostly short notes, now and then a long one.
-                let n = if rng.range(0, 9) == 0 {
-                    rng.range(150, 300)
-                } else {
-                    rng.range(5, 60)
-                };
-                json!({"tool": "note", "args": {"text": format!("fact {i}: {}", words(&mut rng, n))}})
-            }
-            1 => json!({"tool": "read", "args": {
-                "path": format!("file{}.txt", rng.range(0, 4)),
-                "offset": rng.range(1, 150),
-                "limit": rng.range(1, 60),
-            }}),
-            _ => {
-                let items: Vec<String> = (0..rng.range(1, 12))
-                    .map(|j| {
-                        let n = rng.range(2, 10);
-                        format!("step {i}.{j}: {}", words(&mut rng, n))
-                    })
-                    .collect();
-                json!({"tool": "plan", "args": {"items": items}})
-            }
-        };
-        lines.push(action.to_string());
-    }
-    lines.push(json!({"tool": "finish", "args": {"summary": "surveyed"}}).to_string());
-    lines.join("\n") + "\n"
-}
-
 fn contract() -> String {
     format!(
         r#"
@@ -134,15 +53,14 @@ fn mean(values: &[u64]) -> f64 {
 #[test]
 fn prompt_size_stays_within_context_tokens_and_flat_over_500_steps() {
     let f = Fixture::new(&contract());
-    for k in 0..5 {
-        let text: String = (1..=200)
-            .map(|n| format!("file {k} line {n}: {}\n", WORDS[(n * 7 + k) % WORDS.len()]))
-            .collect();
-        std::fs::write(f.path(&format!("file{k}.txt")), text).unwrap();
-    }
+    keel_test_support::survey::write_files(f.root()).unwrap();
     git(f.root(), &["add", "-A"]);
     git(f.root(), &["commit", "-q", "-m", "files"]);
-    std::fs::write(f.path("actions.jsonl"), script(STEPS)).unwrap();
+    std::fs::write(
+        f.path("actions.jsonl"),
+        keel_test_support::survey::script(STEPS),
+    )
+    .unwrap();
 
     let started = std::time::Instant::now();
     let (id, out) = f.start(&[]);

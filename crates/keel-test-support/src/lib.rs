@@ -1,0 +1,4 @@
+//! Fixtures shared by keel's tests and benchmarks. Nothing in keel depends on this crate except
+//! tests and `keel-bench`.
+
+pub mod survey;
