@@ -881,18 +881,11 @@ pub fn verify_log(store: &Store, run_id: &str) -> Result<LogReport, EngineError>
     let mut prev = keel_core::event::GENESIS_HASH.to_string();
     let mut run: Option<Run> = None;
     let mut checkpoint_hashes = std::collections::BTreeMap::new();
-    let mut last_hash = prev.clone();
     store.for_each_event(&id, 1, |e| {
         if problems.is_empty() {
-            let checked = verify_chain(Some((expected - 1, &prev)), std::iter::once(&e))
-                .map(|_| ())
-                .or_else(|p| {
-                    if expected == 1 {
-                        verify_chain(None, std::iter::once(&e)).map(|_| ())
-                    } else {
-                        Err(p)
-                    }
-                });
+            // The anchor of the first event is (0, the genesis hash): the same check as `None`.
+            let checked =
+                verify_chain(Some((expected - 1, &prev)), std::iter::once(&e)).map(|_| ());
             match checked {
                 Err(p) => problems.push(p.to_string()),
                 Ok(()) => match e.decode() {
@@ -913,13 +906,12 @@ pub fn verify_log(store: &Store, run_id: &str) -> Result<LogReport, EngineError>
             }
         }
         prev = e.hash.clone();
-        last_hash = e.hash.clone();
         expected = e.seq + 1;
         Ok(())
     })?;
     let events = expected - 1;
     let (head_seq, head_hash) = store.log_head(&id)?;
-    if problems.is_empty() && (head_seq != events || head_hash != last_hash) {
+    if problems.is_empty() && (head_seq != events || head_hash != prev) {
         problems.push(format!(
             "the run's projection says the log ends at event {head_seq}, but it ends at {events}"
         ));
