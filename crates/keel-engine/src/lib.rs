@@ -1208,6 +1208,9 @@ impl Engine<'_> {
         .map_err(|e| EngineError::io(&out, e))?;
         fault::point("command ended");
         let output = self.store.artifacts().put_file(&out)?;
+        // The artifact holds the output from here on.
+        let _ = std::fs::remove_file(&out);
+        let stored = self.store.artifacts().path(&output);
         let post = self.env.fingerprint(&self.contract)?;
         let base_tree = self.run.base.tree.clone();
         let whole = self.env.git.diff(&base_tree, &post.tree)?;
@@ -1232,7 +1235,7 @@ impl Engine<'_> {
         if !outcome.success {
             let what = format!("step {id}");
             let reason = format!("`{command}` ended with {}", outcome.status);
-            return self.fail_step(id, &what, &reason, &outcome.status, &out);
+            return self.fail_step(id, &what, &reason, &outcome.status, &stored);
         }
         if post.tree != pre_tree {
             let verifiers: Vec<Verifier> =
@@ -1249,7 +1252,6 @@ impl Engine<'_> {
                 }
             }
         }
-        let _ = std::fs::remove_file(&out);
         self.commit(vec![EventBody::StepVerified { step: id }])
     }
 
