@@ -86,6 +86,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// List a run's external effects: key, class, status, compensation.
+    Effects {
+        run: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// List a run's checkpoints.
     Checkpoints {
         run: String,
@@ -505,6 +511,26 @@ fn dispatch(cli: Cli) -> Result<u8> {
                 print::json(&mut out, &serde_json::Value::Array(list))?;
             } else {
                 print::timeline(&mut out, &events)?;
+            }
+            Ok(exit::COMPLETED)
+        }
+        Command::Effects { run, json } => {
+            let store = open_store(cli.store)?;
+            let id = store.resolve_run(&run)?;
+            let events = store.events_from(&id, 1)?;
+            let bodies = events
+                .iter()
+                .map(|e| {
+                    keel_core::event::EventBody::decode(e.version, &e.body)
+                        .map(|b| (e.seq, b))
+                        .map_err(|err| anyhow::anyhow!("event {} of run {id}: {err}", e.seq))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let ledger = keel_core::effect::ledger(bodies.iter().map(|(seq, b)| (*seq, b)));
+            if json {
+                print::json(&mut out, &serde_json::to_value(&ledger)?)?;
+            } else {
+                print::effects(&mut out, &id, &ledger)?;
             }
             Ok(exit::COMPLETED)
         }

@@ -374,6 +374,31 @@ fn summarise(body: &EventBody) -> String {
             },
             shorten(observation, 90)
         ),
+        EventBody::EffectIntended {
+            step,
+            call,
+            key,
+            tool,
+            class,
+            keyed,
+            payload,
+            ..
+        } => format!(
+            "{step}#{call} {tool} [{class}{}] key {key}: {}",
+            if *keyed { ", keyed" } else { "" },
+            shorten(payload.lines().next().unwrap_or(""), 80)
+        ),
+        EventBody::EffectSettled {
+            step,
+            call,
+            key,
+            status,
+            detail,
+        } => format!(
+            "{step}#{call} key {key} {}: {}",
+            status.as_str().to_uppercase(),
+            shorten(detail, 80)
+        ),
         EventBody::PlanUpdated { items, .. } => format!("{} items", items.len()),
         EventBody::NoteAdded { text, .. } => shorten(text, 100),
         EventBody::FinishClaimed { step, summary } => format!("{step}: {}", shorten(summary, 100)),
@@ -498,6 +523,50 @@ pub fn checkpoint_json(run: &str, row: &CheckpointRow) -> Value {
         "fingerprint": ck.as_ref().map(|c| &c.fingerprint),
         "artifacts": ck.as_ref().map(|c| c.artifacts.len()),
     })
+}
+
+pub fn effects(
+    out: &mut dyn Write,
+    run: &str,
+    effects: &[keel_core::effect::Effect],
+) -> io::Result<()> {
+    if effects.is_empty() {
+        writeln!(out, "run {run} has no external effects")?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{:<37}  {:<7}  {:<16}  {:<13}  {:<11}  what",
+        "key", "call", "tool", "class", "status"
+    )?;
+    for e in effects {
+        writeln!(
+            out,
+            "{:<37}  {:<7}  {:<16}  {:<13}  {:<11}  {}{}",
+            e.key,
+            format!("{}#{}", e.step, e.call),
+            shorten(&e.tool, 16),
+            format!("{}{}", e.class, if e.keyed { "+key" } else { "" }),
+            e.status.as_str(),
+            shorten(e.payload.lines().next().unwrap_or(""), 60),
+            match &e.compensation {
+                Some(c) => format!("\n{:>41}compensation: {}", "", shorten(c, 80)),
+                None => String::new(),
+            }
+        )?;
+    }
+    let unknown = effects
+        .iter()
+        .filter(|e| e.status == keel_core::event::EffectStatus::Unknown)
+        .count();
+    if unknown > 0 {
+        writeln!(
+            out,
+            "{unknown} effect(s) with an unknown outcome: check them, then decide the \
+             reconciliation request (`keel approvals {run}`)"
+        )?;
+    }
+    Ok(())
 }
 
 pub fn checkpoints(out: &mut dyn Write, run: &str, rows: &[CheckpointRow]) -> io::Result<()> {

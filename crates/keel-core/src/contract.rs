@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use crate::budget::BudgetLimits;
 
 pub use diagnostic::{ContractError, Diagnostic};
-pub use scope::Scope;
+pub use scope::{HttpRule, Scope};
 pub use template::TEMPLATE;
 
 /// The lockfiles hashed into the environment fingerprint when `[workspace]` does not list its own.
@@ -63,6 +63,175 @@ pub struct Contract {
     /// In contract order; there is at least one.
     pub phases: Vec<Phase>,
     pub approvals: ApprovalPolicy,
+    /// Contract-defined tools, in contract order.
+    pub tools: Vec<ContractTool>,
+    pub sandbox: SandboxSettings,
+}
+
+impl Contract {
+    /// Every secret name the contract mentions: the driver's `api_key = "secret:NAME"`, the
+    /// phases' and the tools' `secrets`. These are the values scrubbed from everything keel
+    /// stores.
+    pub fn secret_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        let driver = self
+            .driver
+            .as_ref()
+            .and_then(|d| d.api_key.as_deref())
+            .and_then(|k| k.strip_prefix("secret:"))
+            .map(str::to_string);
+        for name in driver
+            .into_iter()
+            .chain(self.phases.iter().flat_map(|p| p.secrets.iter().cloned()))
+            .chain(self.tools.iter().flat_map(|t| t.secrets.iter().cloned()))
+        {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        names
+    }
+
+    /// The contract-defined tool called `name`.
+    pub fn tool(&self, name: &str) -> Option<&ContractTool> {
+        self.tools.iter().find(|t| t.name == name)
+    }
+}
+
+/// A contract-defined tool: a command run without a shell, its argv filled from arguments
+/// checked against `parameters` (a JSON Schema object).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContractTool {
+    pub name: String,
+    pub description: String,
+    /// argv templates: "{param}" and "{idempotency_key}" are filled per call.
+    pub run: Vec<String>,
+    pub parameters: serde_json::Value,
+    pub secrets: Vec<String>,
+    pub reversibility: crate::agent::Reversibility,
+    pub idempotency_key: Option<KeyPassing>,
+    pub approval: bool,
+    pub compensate: Option<Vec<String>>,
+    pub timeout_ms: Option<u64>,
+    /// `Some` when the tool says; otherwise `[scope] network` applies.
+    pub network: Option<bool>,
+}
+
+impl ContractTool {
+    /// The tool as a driver sees it.
+    pub fn spec(&self) -> crate::agent::ToolSpec {
+        crate::agent::ToolSpec {
+            name: self.name.clone(),
+            description: self.description.clone(),
+            parameters: self.parameters.clone(),
+            reversibility: self.reversibility,
+        }
+    }
+
+    /// `template` with every "{param}" replaced by the argument's value and "{idempotency_key}"
+    /// by `key`. Arguments are whole argv elements or parts of one: no shell sees them.
+    pub fn fill(template: &str, args: &serde_json::Value, key: &str) -> String {
+        let mut out = String::with_capacity(template.len());
+        let mut rest = template;
+        while let Some(open) = rest.find('{') {
+            out.push_str(&rest[..open]);
+            let after = &rest[open + 1..];
+            match after.find('}') {
+                Some(close) if is_param_name(&after[..close]) => {
+                    let name = &after[..close];
+                    if name == "idempotency_key" {
+                        out.push_str(key);
+                    } else {
+                        match args.get(name) {
+                            Some(serde_json::Value::String(s)) => out.push_str(s),
+                            Some(serde_json::Value::Null) | None => {}
+                            Some(v) => out.push_str(&v.to_string()),
+                        }
+                    }
+                    rest = &after[close + 1..];
+                }
+                _ => {
+                    out.push('{');
+                    rest = after;
+                }
+            }
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// The argv of one call.
+    pub fn argv(&self, args: &serde_json::Value, key: &str) -> Vec<String> {
+        self.run.iter().map(|t| Self::fill(t, args, key)).collect()
+    }
+
+    /// The compensation argv of one call, if the tool has one.
+    pub fn compensation(&self, args: &serde_json::Value, key: &str) -> Option<Vec<String>> {
+        self.compensate
+            .as_ref()
+            .map(|c| c.iter().map(|t| Self::fill(t, args, key)).collect())
+    }
+}
+
+/// The placeholders "{name}" of a template.
+pub fn placeholders(template: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let after = &rest[open + 1..];
+        match after.find('}') {
+            Some(close) if is_param_name(&after[..close]) => {
+                out.push(&after[..close]);
+                rest = &after[close + 1..];
+            }
+            _ => rest = after,
+        }
+    }
+    out
+}
+
+fn is_param_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// How a contract tool's command receives its call's idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyPassing {
+    /// In this environment variable.
+    Env(String),
+    /// Through the "{idempotency_key}" placeholder of `run`.
+    Arg,
+}
+
+/// `[sandbox]`: how every command keel runs is confined.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxSettings {
+    /// `false` only by an explicit `mode = "off"`.
+    pub enabled: bool,
+    /// Extra writable directories ("~/" not yet expanded).
+    pub writable: Vec<String>,
+    /// Environment variable names passed through besides the built-in allow-list.
+    pub env: Vec<String>,
+    pub memory_bytes: u64,
+    pub processes: u64,
+    pub open_files: u64,
+    pub cpu_ms: Option<u64>,
+}
+
+impl Default for SandboxSettings {
+    fn default() -> Self {
+        SandboxSettings {
+            enabled: true,
+            writable: Vec::new(),
+            env: Vec::new(),
+            memory_bytes: 8 << 30,
+            processes: 512,
+            open_files: 1024,
+            cpu_ms: None,
+        }
+    }
 }
 
 /// `[approvals]`: how requests for a person are announced and how long they wait.
@@ -73,6 +242,8 @@ pub struct ApprovalPolicy {
     /// What an undecided request becomes at its deadline: `true` for blocked, `false` for
     /// rejected.
     pub block_on_expiry: bool,
+    /// Tool calls of these classes wait for a person's approval.
+    pub require: Vec<crate::agent::Reversibility>,
 }
 
 /// `[task]`: what the run must achieve.
@@ -229,6 +400,8 @@ pub struct Phase {
     /// A person approves the phase (its exact commands or objective, and the diff so far)
     /// before its first step runs.
     pub approval: bool,
+    /// Secrets the phase's commands see as environment variables.
+    pub secrets: Vec<String>,
 }
 
 /// What a phase does. Approval phases are refused with "not supported yet".

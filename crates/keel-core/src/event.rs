@@ -143,6 +143,71 @@ pub enum Gate {
     BudgetRaise { budget: BudgetName, to: u64 },
     /// Continuing in an environment that changed.
     Migration,
+    /// A tool call whose class (or tool) the contract says needs a person's approval.
+    ToolCall { step: StepId, call: u32 },
+    /// A call with an external effect was interrupted and its outcome is unknown: approve to
+    /// make it again with the same key, reject to leave it unrepeated.
+    Reconcile {
+        step: StepId,
+        call: u32,
+        key: String,
+    },
+}
+
+/// Where an external effect stands (§3 of the design: intended → done | failed | unknown →
+/// compensated).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EffectStatus {
+    /// The key is written; the call may or may not have been made.
+    Intended,
+    Done,
+    Failed,
+    /// Made (perhaps) but its outcome was not recorded before a crash.
+    Unknown,
+    /// Undone by its compensation.
+    Compensated,
+}
+
+impl EffectStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EffectStatus::Intended => "intended",
+            EffectStatus::Done => "done",
+            EffectStatus::Failed => "failed",
+            EffectStatus::Unknown => "unknown",
+            EffectStatus::Compensated => "compensated",
+        }
+    }
+
+    /// Whether `self` may become `to`.
+    pub fn can_become(self, to: EffectStatus) -> bool {
+        use EffectStatus::*;
+        matches!(
+            (self, to),
+            (Intended, Done | Failed | Unknown) | (Unknown, Done | Failed) | (Done, Compensated)
+        )
+    }
+}
+
+impl std::fmt::Display for EffectStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The idempotency key of call `call` of step `step` of run `run`: blake3 over the three,
+/// length-prefixed, as 32 hex digits. The same call always gets the same key, so a retry after a
+/// crash is recognised by the service that honours it.
+pub fn effect_key(run: &str, step: StepId, call: u32) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(&(run.len() as u64).to_le_bytes());
+    h.update(run.as_bytes());
+    h.update(&step.phase.to_le_bytes());
+    h.update(&step.index.to_le_bytes());
+    h.update(&call.to_le_bytes());
+    let hex = h.finalize().to_hex();
+    format!("keel-{}", &hex[..32])
 }
 
 /// One verification result shown with an approval request.
@@ -231,6 +296,10 @@ pub enum EventBody {
         keel_version: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         driver: Option<DriverChoice>,
+        /// The contract turned the sandbox off (`[sandbox] mode = "off"`): commands ran
+        /// unconfined.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        sandbox_off: bool,
     },
     /// A change of run state, with its cause in words and, for `blocked`, in structure.
     StateChanged {
@@ -314,6 +383,30 @@ pub enum EventBody {
         /// The working tree after a call that may change it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         post_tree: Option<String>,
+    },
+    /// An external effect is about to be attempted: its key, class and payload are durable
+    /// before anything runs.
+    EffectIntended {
+        step: StepId,
+        call: u32,
+        key: String,
+        tool: String,
+        class: Reversibility,
+        /// The tool honours the key, so it may be retried with it.
+        keyed: bool,
+        /// What is attempted (the command line, the request), cut to a few KiB.
+        payload: String,
+        /// The command that undoes it, for a compensatable tool.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        compensation: Option<String>,
+    },
+    /// Where an effect stands now.
+    EffectSettled {
+        step: StepId,
+        call: u32,
+        key: String,
+        status: EffectStatus,
+        detail: String,
     },
     PlanUpdated {
         step: StepId,
@@ -487,6 +580,8 @@ impl EventBody {
             EventBody::ModelReplied { .. } => "model_replied",
             EventBody::PolicyDecision { .. } => "policy_decision",
             EventBody::ToolCallFinished { .. } => "tool_call_finished",
+            EventBody::EffectIntended { .. } => "effect_intended",
+            EventBody::EffectSettled { .. } => "effect_settled",
             EventBody::PlanUpdated { .. } => "plan_updated",
             EventBody::NoteAdded { .. } => "note_added",
             EventBody::FinishClaimed { .. } => "finish_claimed",
@@ -598,6 +693,26 @@ mod tests {
         let json = body.encode();
         assert!(json.starts_with(r#"{"kind":"step_started""#), "{json}");
         assert_eq!(EventBody::decode(EVENT_VERSION, &json), Ok(body));
+    }
+
+    #[test]
+    fn effect_keys_are_stable_and_distinct() {
+        let s = StepId { phase: 0, index: 1 };
+        let k = effect_key("run-1", s, 0);
+        assert_eq!(k, effect_key("run-1", s, 0));
+        assert!(k.starts_with("keel-") && k.len() == 37, "{k}");
+        assert_ne!(k, effect_key("run-1", s, 1));
+        assert_ne!(k, effect_key("run-2", s, 0));
+        assert_ne!(k, effect_key("run-1", StepId { phase: 1, index: 0 }, 0));
+    }
+
+    #[test]
+    fn effect_statuses_only_move_forward() {
+        use EffectStatus::*;
+        assert!(Intended.can_become(Done) && Intended.can_become(Unknown));
+        assert!(Unknown.can_become(Done) && Done.can_become(Compensated));
+        assert!(!Done.can_become(Done) && !Failed.can_become(Done));
+        assert!(!Done.can_become(Intended) && !Compensated.can_become(Done));
     }
 
     #[test]

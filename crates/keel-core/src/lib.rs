@@ -11,10 +11,12 @@ pub mod budget;
 pub mod checkpoint;
 pub mod context;
 pub mod contract;
+pub mod effect;
 pub mod errorfp;
 pub mod event;
 pub mod fingerprint;
 pub mod run;
+pub mod secret;
 pub mod state;
 pub mod tools;
 

@@ -86,6 +86,18 @@ pub struct CallProgress {
     pub finished: bool,
     #[serde(default)]
     pub post_tree: Option<String>,
+    /// The call's external effect, once intended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<EffectProgress>,
+}
+
+/// The effect of a call of the step in progress, as far as the ledger knows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EffectProgress {
+    pub key: String,
+    pub class: crate::agent::Reversibility,
+    pub keyed: bool,
+    pub status: crate::event::EffectStatus,
 }
 
 /// What the driver was shown of an earlier call: the last few go into every prompt.
@@ -599,20 +611,34 @@ impl Run {
             } => {
                 self.expect_in_progress("policy_decision", *step)?;
                 let p = self.agent_step_mut("policy_decision")?;
-                if p.reply.is_none() || *call as usize != p.calls.len() {
-                    return Err(ApplyError::Invalid(format!(
-                        "policy decision for call {call} of step {step} out of order"
-                    )));
-                }
-                p.calls.push(CallProgress {
-                    tool: tool.clone(),
-                    arguments: arguments.clone(),
-                    decision: *decision,
-                    pre_tree: pre_tree.clone(),
-                    finished: false,
-                    post_tree: None,
+                // A call that waited for a person is decided again, once: approved or rejected.
+                let redecided = p.calls.last().is_some_and(|c| {
+                    c.decision == Decision::NeedsApproval
+                        && *decision != Decision::NeedsApproval
+                        && *call as usize + 1 == p.calls.len()
                 });
-                self.add(BudgetName::ToolCalls, 1);
+                if redecided {
+                    if let Some(c) = p.calls.last_mut() {
+                        c.decision = *decision;
+                        c.pre_tree = pre_tree.clone();
+                    }
+                } else {
+                    if p.reply.is_none() || *call as usize != p.calls.len() {
+                        return Err(ApplyError::Invalid(format!(
+                            "policy decision for call {call} of step {step} out of order"
+                        )));
+                    }
+                    p.calls.push(CallProgress {
+                        tool: tool.clone(),
+                        arguments: arguments.clone(),
+                        decision: *decision,
+                        pre_tree: pre_tree.clone(),
+                        finished: false,
+                        post_tree: None,
+                        effect: None,
+                    });
+                    self.add(BudgetName::ToolCalls, 1);
+                }
                 if *decision == Decision::Deny {
                     self.violations += 1;
                     self.observe(Observation {
@@ -625,6 +651,71 @@ impl Run {
                 }
                 if let Some(fp) = error_fingerprint {
                     self.count_error(fp);
+                }
+            }
+            EventBody::EffectIntended {
+                step,
+                call,
+                key,
+                class,
+                keyed,
+                ..
+            } => {
+                self.expect_in_progress("effect_intended", *step)?;
+                let p = self.agent_step_mut("effect_intended")?;
+                let c = p.calls.get_mut(*call as usize).ok_or_else(|| {
+                    ApplyError::Invalid(format!("call {call} of step {step} was never decided"))
+                })?;
+                if c.decision != Decision::Allow || c.finished || c.effect.is_some() {
+                    return Err(ApplyError::Invalid(format!(
+                        "effect of call {call} of step {step} intended without an allowed, \
+                         unfinished call, or twice"
+                    )));
+                }
+                c.effect = Some(EffectProgress {
+                    key: key.clone(),
+                    class: *class,
+                    keyed: *keyed,
+                    status: crate::event::EffectStatus::Intended,
+                });
+            }
+            EventBody::EffectSettled {
+                step,
+                call,
+                key,
+                status,
+                ..
+            } => {
+                // A compensation can come after the step ended; only the step in progress is
+                // tracked in the projection.
+                let current = self
+                    .in_progress
+                    .as_mut()
+                    .filter(|p| p.step == *step)
+                    .and_then(|p| p.calls.get_mut(*call as usize))
+                    .and_then(|c| c.effect.as_mut());
+                match current {
+                    Some(e) if e.key == *key => {
+                        if !e.status.can_become(*status) {
+                            return Err(ApplyError::Invalid(format!(
+                                "effect {key} cannot go from {} to {status}",
+                                e.status
+                            )));
+                        }
+                        e.status = *status;
+                    }
+                    Some(e) => {
+                        return Err(ApplyError::Invalid(format!(
+                            "effect {key} settled, but call {call} of step {step} has key {}",
+                            e.key
+                        )));
+                    }
+                    None if *status == crate::event::EffectStatus::Compensated => {}
+                    None => {
+                        return Err(ApplyError::Invalid(format!(
+                            "effect {key} of call {call} of step {step} settled but never intended"
+                        )));
+                    }
                 }
             }
             EventBody::ToolCallFinished {
@@ -651,6 +742,9 @@ impl Run {
                 c.post_tree = post_tree.clone();
                 let (tool, arguments) = (c.tool.clone(), cut(&c.arguments, 200));
                 self.add(BudgetName::Writes, changed.len() as u64);
+                if tool == "http" {
+                    self.add(BudgetName::NetworkRequests, 1);
+                }
                 self.observe(Observation {
                     step: *step,
                     tool,

@@ -7,12 +7,16 @@ use serde_json::{Value, json};
 use crate::agent::{Reversibility, ToolSpec};
 
 /// Every built-in tool, in the order a driver is shown them.
-pub const BUILTIN: [&str; 11] = [
-    "read", "list", "search", "write", "patch", "run", "plan", "note", "ask", "finish", "blocked",
+pub const BUILTIN: [&str; 12] = [
+    "read", "list", "search", "write", "patch", "run", "http", "plan", "note", "ask", "finish",
+    "blocked",
 ];
 
-/// Tools that exist in the design but not in this version of keel.
-pub const NOT_YET: [&str; 1] = ["http"];
+/// The tools of an agent phase that does not list its own: every built-in one but `http`, which
+/// needs `[scope] http` rules to reach anything.
+pub const DEFAULT: [&str; 11] = [
+    "read", "list", "search", "write", "patch", "run", "plan", "note", "ask", "finish", "blocked",
+];
 
 /// What a `blocked` call may give as its category.
 pub const BLOCKED_CATEGORIES: [&str; 4] = ["contradiction", "missing_access", "ambiguity", "other"];
@@ -91,6 +95,19 @@ pub fn builtin(name: &str) -> Option<ToolSpec> {
             ),
             Reversibility::Reversible,
         ),
+        "http" => (
+            "Send an HTTP request to a host the contract allows. GET and HEAD change nothing; other methods are external effects, sent once with an Idempotency-Key header. Returns the status, headers and the body (capped).",
+            object(
+                json!({
+                    "method": {"type": "string", "enum": ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]},
+                    "url": {"type": "string", "description": "http:// or https:// URL"},
+                    "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "body": {"type": "string"}
+                }),
+                &["method", "url"],
+            ),
+            Reversibility::Irreversible,
+        ),
         "plan" => (
             "Replace the current plan: the steps still to do, in order. Keep it short and current.",
             object(
@@ -162,6 +179,7 @@ fn check(schema: &Value, value: &Value, at: &str, problems: &mut Vec<String>) {
         Some("object") => value.is_object(),
         Some("string") => value.is_string(),
         Some("integer") => value.is_i64() || value.is_u64(),
+        Some("number") => value.is_number(),
         Some("boolean") => value.is_boolean(),
         Some("array") => value.is_array(),
         _ => true,
@@ -171,6 +189,7 @@ fn check(schema: &Value, value: &Value, at: &str, problems: &mut Vec<String>) {
             "{at} must be {}, not {}",
             match wanted {
                 Some("integer") => "an integer",
+                Some("number") => "a number",
                 Some("array") => "an array",
                 Some("object") => "an object",
                 Some("boolean") => "a boolean",
@@ -220,6 +239,14 @@ fn check(schema: &Value, value: &Value, at: &str, problems: &mut Vec<String>) {
         for (name, v) in object {
             match properties.and_then(|p| p.get(name)) {
                 Some(sub) => check(sub, v, &format!("{at}.{name}"), problems),
+                None if schema
+                    .get("additionalProperties")
+                    .is_some_and(Value::is_object) =>
+                {
+                    if let Some(sub) = schema.get("additionalProperties") {
+                        check(sub, v, &format!("{at}.{name}"), problems);
+                    }
+                }
                 None if schema.get("additionalProperties") == Some(&Value::Bool(false)) => {
                     let known: Vec<&str> = properties
                         .map(|p| p.keys().map(String::as_str).collect())
@@ -245,7 +272,15 @@ mod tests {
             let spec = builtin(name).unwrap();
             assert_eq!(spec.parameters["type"], "object", "{name}");
         }
-        assert!(builtin("http").is_none(), "not a tool yet");
+        assert!(builtin("fetch").is_none());
+        let http = builtin("http").unwrap();
+        assert!(
+            check_arguments(
+                &http.parameters,
+                &json!({"method": "POST", "url": "http://x", "headers": {"a": 1}})
+            )
+            .contains(&"arguments.headers.a must be a string, not an integer".to_string())
+        );
     }
 
     #[test]

@@ -67,6 +67,7 @@ impl Log {
                 },
                 keel_version: "0".into(),
                 driver: None,
+                sandbox_off: false,
             },
         };
         let mut log = Log {

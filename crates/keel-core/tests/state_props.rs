@@ -49,6 +49,7 @@ fn created() -> Run {
             base: fp(0),
             keel_version: "0".into(),
             driver: None,
+            sandbox_off: false,
         },
     };
     Run::create(&e).unwrap()

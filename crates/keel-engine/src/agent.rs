@@ -11,7 +11,9 @@ use keel_core::budget::BudgetName;
 use keel_core::context::{self, compact_failure};
 use keel_core::contract::{PhaseKind, Tier, Verifier};
 use keel_core::errorfp::error_fingerprint;
-use keel_core::event::{Block, BudgetStop, Decision, EventBody, StepId};
+use keel_core::event::{
+    Block, BudgetStop, Decision, EffectStatus, EventBody, Gate, StepId, effect_key,
+};
 use keel_core::run::cut;
 use keel_core::state::RunState;
 use keel_core::tools;
@@ -22,6 +24,26 @@ use crate::{Engine, EngineError, Progress, process};
 
 /// How much of a call's arguments an event keeps (the whole reply is an artifact).
 const ARGUMENT_BYTES: usize = 4096;
+/// A command line for people to read (and paste): each word quoted for a POSIX shell when it
+/// needs it. keel itself never runs it through a shell.
+pub(crate) fn shell_words(argv: &[String]) -> String {
+    argv.iter()
+        .map(|w| {
+            if !w.is_empty()
+                && w.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c))
+            {
+                w.clone()
+            } else {
+                format!("'{}'", w.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// How much of an `http` response is read; the rest is cut.
+const HTTP_RESPONSE_BYTES: u64 = 1 << 20;
 /// How much of a `run` call's output the driver reads.
 const RUN_OUTPUT_BYTES: usize = 6000;
 
@@ -30,6 +52,8 @@ struct Verdict {
     decision: Decision,
     rule: String,
     reversibility: Reversibility,
+    /// The tool honours the call's idempotency key.
+    keyed: bool,
     /// The parsed arguments, when they parsed.
     args: serde_json::Value,
 }
@@ -46,6 +70,13 @@ struct Outcome {
 }
 
 impl Outcome {
+    fn failed(observation: String) -> Outcome {
+        Outcome {
+            ok: false,
+            ..Outcome::ok(observation)
+        }
+    }
+
     fn ok(observation: String) -> Outcome {
         Outcome {
             ok: true,
@@ -73,10 +104,7 @@ impl Engine<'_> {
     /// Runs (or continues, after a crash) the agent step `id`.
     pub(crate) fn agent_step(&mut self, id: StepId) -> Result<(), EngineError> {
         let (objective, tool_names, timeout_ms) = self.agent_phase(id.phase);
-        let specs: Vec<ToolSpec> = tool_names
-            .iter()
-            .filter_map(|t| tools::builtin(t))
-            .collect();
+        let specs: Vec<ToolSpec> = tool_names.iter().filter_map(|t| self.spec_of(t)).collect();
         if self.run.in_progress.is_none() {
             let mut bodies = Vec::new();
             if self.run.state != RunState::Executing {
@@ -134,47 +162,106 @@ impl Engine<'_> {
                 .as_ref()
                 .and_then(|p| p.calls.get(i as usize))
                 .cloned();
-            let verdict = self.check(call, &tool_names, &specs, finished);
-            match recorded {
-                Some(c) if c.finished || c.decision != Decision::Allow => {}
-                Some(c) => {
-                    // Allowed before a crash but not recorded as finished: undo what it may have
-                    // done, then make it again.
-                    if let Some(pre) = &c.pre_tree
-                        && self.env.git.worktree_tree()? != *pre
-                    {
-                        self.env.git.restore_worktree(pre)?;
+            let verdict = self.check(id, i, call, &tool_names, &specs, finished);
+            let verdict = match recorded {
+                Some(c) if c.finished || c.decision == Decision::Deny => verdict,
+                Some(c) if c.decision == Decision::NeedsApproval => {
+                    // The call waited for a person; their decision is recorded as the call's.
+                    match self.call_approval(Gate::ToolCall { step: id, call: i }) {
+                        Some((n, d)) if d.approve => {
+                            let verdict = Verdict {
+                                decision: Decision::Allow,
+                                rule: format!("approved by {} (request {n}): {}", d.by, d.reason),
+                                ..verdict
+                            };
+                            self.decide_call(id, i, call, &verdict)?;
+                            self.execute(id, i, call, &verdict, timeout_ms)?;
+                            verdict
+                        }
+                        Some((n, d)) => {
+                            let verdict = Verdict {
+                                decision: Decision::Deny,
+                                rule: format!(
+                                    "a person rejected this call (request {n}, by {}): {}",
+                                    d.by, d.reason
+                                ),
+                                ..verdict
+                            };
+                            self.decide_call(id, i, call, &verdict)?;
+                            verdict
+                        }
+                        // Not decided yet: the run waits.
+                        None => return Ok(()),
                     }
-                    self.execute(id, i, call, &verdict, timeout_ms)?;
+                }
+                Some(c) => {
+                    // Allowed before a crash but not recorded as finished.
+                    match &c.effect {
+                        Some(e)
+                            if e.status == EffectStatus::Unknown
+                                || (e.status == EffectStatus::Intended
+                                    && !e.keyed
+                                    && matches!(
+                                        e.class,
+                                        Reversibility::Compensatable | Reversibility::Irreversible
+                                    )) =>
+                        {
+                            let key = e.key.clone();
+                            let gate = Gate::Reconcile {
+                                step: id,
+                                call: i,
+                                key: key.clone(),
+                            };
+                            match self.call_approval(gate) {
+                                None if e.status == EffectStatus::Intended => {
+                                    return self.request_reconciliation(id, i, call, &key);
+                                }
+                                None => return Ok(()),
+                                Some((n, d)) if !d.approve => {
+                                    self.commit(vec![EventBody::ToolCallFinished {
+                                        step: id,
+                                        call: i,
+                                        ok: false,
+                                        observation: format!(
+                                            "the outcome of this call is unknown (keel was \
+                                             interrupted while making it); a person chose not \
+                                             to repeat it (request {n}, by {}): {}",
+                                            d.by, d.reason
+                                        ),
+                                        output: None,
+                                        changed: Vec::new(),
+                                        error_fingerprint: None,
+                                        post_tree: Some(self.env.git.worktree_tree()?),
+                                    }])?;
+                                }
+                                Some(_) => {
+                                    self.restore_call_tree(&c)?;
+                                    self.execute(id, i, call, &verdict, timeout_ms)?;
+                                }
+                            }
+                        }
+                        // Read-only, reversible (undone with the tree) or keyed (the service
+                        // recognises the same key): made again.
+                        _ => {
+                            self.restore_call_tree(&c)?;
+                            self.execute(id, i, call, &verdict, timeout_ms)?;
+                        }
+                    }
+                    verdict
                 }
                 None => {
-                    let pre_tree = match (verdict.decision, verdict.reversibility) {
-                        (Decision::Allow, Reversibility::Reversible) => {
-                            Some(self.env.git.worktree_tree()?)
-                        }
-                        _ => None,
-                    };
-                    let error_fingerprint = (verdict.decision == Decision::Deny).then(|| {
-                        error_fingerprint(&format!("policy {}", call.name), "denied", &verdict.rule)
-                            .0
-                    });
-                    self.commit(vec![EventBody::PolicyDecision {
-                        step: id,
-                        call: i,
-                        tool: call.name.clone(),
-                        arguments: cut(&call.arguments, ARGUMENT_BYTES),
-                        decision: verdict.decision,
-                        rule: verdict.rule.clone(),
-                        reversibility: verdict.reversibility,
-                        pre_tree,
-                        error_fingerprint,
-                    }])?;
+                    self.decide_call(id, i, call, &verdict)?;
                     fault_point("policy decided");
-                    if verdict.decision == Decision::Allow {
-                        self.execute(id, i, call, &verdict, timeout_ms)?;
+                    match verdict.decision {
+                        Decision::Allow => self.execute(id, i, call, &verdict, timeout_ms)?,
+                        Decision::NeedsApproval => {
+                            return self.request_call_approval(id, i, call, &verdict);
+                        }
+                        Decision::Deny => {}
                     }
+                    verdict
                 }
-            }
+            };
             if verdict.decision == Decision::Allow {
                 match call.name.as_str() {
                     "finish" => finished = true,
@@ -231,6 +318,147 @@ impl Engine<'_> {
         }
         if let Some(pattern) = self.run.loop_detected() {
             self.block_loop(id, pattern, None)?;
+        }
+        Ok(())
+    }
+
+    /// What the `http` tool may reach, from the contract's `[scope] http` rules.
+    pub(crate) fn http_policy(&self) -> keel_tools::http::HttpPolicy {
+        keel_tools::http::HttpPolicy {
+            allow: self
+                .contract
+                .scope
+                .http
+                .iter()
+                .map(|r| keel_tools::http::HttpRule {
+                    host: r.host.clone(),
+                    port: r.port,
+                    methods: r.methods.clone(),
+                })
+                .collect(),
+            max_response_bytes: HTTP_RESPONSE_BYTES,
+            timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// The environment variables carrying `names`' secret values, resolved now.
+    fn secret_env(&self, names: &[String]) -> Result<Vec<(String, String)>, String> {
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let file = self.secrets_file();
+        let secrets = crate::secrets::resolve(
+            names,
+            &|name: &str| std::env::var(name).ok(),
+            file.exists().then_some(file.as_path()),
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(secrets
+            .iter()
+            .map(|s| (s.name().to_string(), s.expose().to_string()))
+            .collect())
+    }
+
+    /// A built-in or contract-defined tool's specification.
+    fn spec_of(&self, name: &str) -> Option<ToolSpec> {
+        tools::builtin(name).or_else(|| self.contract.tool(name).map(|t| t.spec()))
+    }
+
+    /// Records the policy decision on call `i` (and, for an allowed call with an external effect,
+    /// the intended effect with its key) before anything runs.
+    fn decide_call(
+        &mut self,
+        id: StepId,
+        i: u32,
+        call: &ToolCall,
+        verdict: &Verdict,
+    ) -> Result<(), EngineError> {
+        let effectful = verdict.reversibility != Reversibility::ReadOnly;
+        let pre_tree = match verdict.decision {
+            Decision::Allow if effectful => Some(self.env.git.worktree_tree()?),
+            _ => None,
+        };
+        let error_fingerprint = (verdict.decision == Decision::Deny).then(|| {
+            error_fingerprint(&format!("policy {}", call.name), "denied", &verdict.rule).0
+        });
+        let mut bodies = vec![EventBody::PolicyDecision {
+            step: id,
+            call: i,
+            tool: call.name.clone(),
+            arguments: cut(&call.arguments, ARGUMENT_BYTES),
+            decision: verdict.decision,
+            rule: verdict.rule.clone(),
+            reversibility: verdict.reversibility,
+            pre_tree,
+            error_fingerprint,
+        }];
+        if verdict.decision == Decision::Allow && effectful {
+            let key = effect_key(&self.run.id, id, i);
+            bodies.push(EventBody::EffectIntended {
+                step: id,
+                call: i,
+                tool: call.name.clone(),
+                class: verdict.reversibility,
+                keyed: verdict.keyed,
+                payload: cut(
+                    &self.effect_payload(call, &verdict.args, &key),
+                    ARGUMENT_BYTES,
+                ),
+                compensation: self
+                    .contract
+                    .tool(&call.name)
+                    .and_then(|t| t.compensation(&verdict.args, &key))
+                    .map(|argv| shell_words(&argv)),
+                key,
+            });
+        }
+        self.commit(bodies)?;
+        if verdict.decision == Decision::Allow && effectful {
+            fault_point("effect intended");
+        }
+        Ok(())
+    }
+
+    /// What a call attempts, in words a person checking an external system can use.
+    fn effect_payload(&self, call: &ToolCall, args: &serde_json::Value, key: &str) -> String {
+        let s = |k: &str| {
+            args.get(k)
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or("")
+        };
+        match call.name.as_str() {
+            "run" => format!("sh -c {}", shell_words(&[s("command").to_string()])),
+            "write" => format!("write {}", s("path")),
+            "patch" => format!("patch\n{}", s("diff")),
+            "http" => format!(
+                "{} {} (Idempotency-Key: {key})\n{}",
+                s("method"),
+                s("url"),
+                s("body")
+            ),
+            name => match self.contract.tool(name) {
+                Some(t) => shell_words(&t.argv(args, key)),
+                None => format!("{name} {}", call.arguments),
+            },
+        }
+    }
+
+    /// The decision on the request guarding `gate`, once there is one.
+    fn call_approval(&self, gate: Gate) -> Option<(u32, keel_core::run::ApprovalDecision)> {
+        self.run
+            .approvals
+            .iter()
+            .rev()
+            .find(|a| a.request.gate == gate)
+            .and_then(|a| a.decision.clone().map(|d| (a.request.n, d)))
+    }
+
+    /// Puts the tree back to where an interrupted call started.
+    fn restore_call_tree(&mut self, c: &keel_core::run::CallProgress) -> Result<(), EngineError> {
+        if let Some(pre) = &c.pre_tree
+            && self.env.git.worktree_tree()? != *pre
+        {
+            self.env.git.restore_worktree(pre)?;
         }
         Ok(())
     }
@@ -388,6 +616,8 @@ impl Engine<'_> {
     /// The policy check of one call: nothing runs that this does not allow.
     fn check(
         &self,
+        id: StepId,
+        i: u32,
         call: &ToolCall,
         phase_tools: &[String],
         specs: &[ToolSpec],
@@ -397,9 +627,10 @@ impl Engine<'_> {
             decision: Decision::Deny,
             rule,
             reversibility,
+            keyed: false,
             args: serde_json::Value::Null,
         };
-        let Some(spec) = tools::builtin(&call.name) else {
+        let Some(spec) = self.spec_of(&call.name) else {
             return deny(
                 format!(
                     "there is no tool `{}`; the tools of this phase are {}",
@@ -489,18 +720,23 @@ impl Engine<'_> {
                         }),
                 }
             }
+            "http" => keel_tools::http::check(&self.http_policy(), &http_request(&args))
+                .err()
+                .map(|denied| denied.to_string()),
             _ => None,
         };
         if let Some(rule) = problem {
             return deny(rule, class);
         }
-        let writes = matches!(call.name.as_str(), "write" | "patch" | "run");
+        let (class, keyed) = self.call_class(call, &args);
+        let writes = class != Reversibility::ReadOnly;
         for (budget, applies) in [
             (BudgetName::ToolCalls, true),
             (BudgetName::Tokens, true),
             (BudgetName::CostUsd, true),
             (BudgetName::Writes, writes),
             (BudgetName::Approvals, call.name == "ask"),
+            (BudgetName::NetworkRequests, call.name == "http"),
         ] {
             if let Some(limit) = self.run.limits.get(budget)
                 && applies
@@ -516,11 +752,50 @@ impl Engine<'_> {
                 );
             }
         }
+        let tool_approval = self.contract.tool(&call.name).is_some_and(|t| t.approval);
+        if tool_approval || self.contract.approvals.require.contains(&class) {
+            let why = if tool_approval {
+                format!("the contract says tool `{}` needs approval", call.name)
+            } else {
+                format!("[approvals] require lists {class} calls")
+            };
+            return Verdict {
+                decision: Decision::NeedsApproval,
+                rule: format!(
+                    "`{}` is allowed, but {why}; key {}",
+                    call.name,
+                    effect_key(&self.run.id, id, i)
+                ),
+                reversibility: class,
+                keyed,
+                args,
+            };
+        }
         Verdict {
             decision: Decision::Allow,
             rule: format!("`{}` is allowed in this phase and within scope", call.name),
             reversibility: class,
+            keyed,
             args,
+        }
+    }
+
+    /// The reversibility class of one call, and whether its tool honours an idempotency key.
+    fn call_class(&self, call: &ToolCall, args: &serde_json::Value) -> (Reversibility, bool) {
+        match call.name.as_str() {
+            // With the network, a command can reach beyond the workspace.
+            "run" if self.contract.scope.network => (Reversibility::Irreversible, false),
+            "http" => match args.get("method").and_then(serde_json::Value::as_str) {
+                Some("GET" | "HEAD") => (Reversibility::ReadOnly, false),
+                _ => (Reversibility::Irreversible, true),
+            },
+            name => match self.contract.tool(name) {
+                Some(t) => (t.reversibility, t.idempotency_key.is_some()),
+                None => (
+                    tools::builtin(name).map_or(Reversibility::Irreversible, |s| s.reversibility),
+                    false,
+                ),
+            },
         }
     }
 
@@ -533,7 +808,8 @@ impl Engine<'_> {
         verdict: &Verdict,
         timeout_ms: u64,
     ) -> Result<(), EngineError> {
-        let outcome = self.make(id, call, &verdict.args, timeout_ms)?;
+        let key = effect_key(&self.run.id, id, i);
+        let outcome = self.make(id, call, &verdict.args, &key, timeout_ms)?;
         fault_point("tool call made");
         let output = match &outcome.full {
             Some(bytes) if bytes.len() > outcome.observation.len() => {
@@ -545,17 +821,42 @@ impl Engine<'_> {
             Reversibility::ReadOnly => None,
             _ => Some(self.env.git.worktree_tree()?),
         };
+        let effect = self
+            .run
+            .in_progress
+            .as_ref()
+            .and_then(|p| p.calls.get(i as usize))
+            .and_then(|c| c.effect.as_ref())
+            .map(|e| e.key.clone());
         let mut bodies = outcome.extra;
+        let detail = cut(
+            outcome.observation.lines().next().unwrap_or(""),
+            ARGUMENT_BYTES / 16,
+        );
+        let ok = outcome.ok;
         bodies.push(EventBody::ToolCallFinished {
             step: id,
             call: i,
-            ok: outcome.ok,
+            ok,
             observation: outcome.observation,
             output,
             changed: outcome.changed,
             error_fingerprint: outcome.error,
             post_tree,
         });
+        if let Some(key) = effect {
+            bodies.push(EventBody::EffectSettled {
+                step: id,
+                call: i,
+                key,
+                status: if ok {
+                    EffectStatus::Done
+                } else {
+                    EffectStatus::Failed
+                },
+                detail,
+            });
+        }
         self.commit(bodies)
     }
 
@@ -564,6 +865,7 @@ impl Engine<'_> {
         id: StepId,
         call: &ToolCall,
         args: &serde_json::Value,
+        key: &str,
         timeout_ms: u64,
     ) -> Result<Outcome, EngineError> {
         let s = |key: &str| args.get(key).and_then(serde_json::Value::as_str);
@@ -647,6 +949,10 @@ impl Engine<'_> {
                     s("reason").unwrap_or("")
                 )));
             }
+            "http" => return self.http_tool(args, key),
+            other if self.contract.tool(other).is_some() => {
+                return self.contract_tool(id, other, args, key, timeout_ms);
+            }
             other => {
                 return Ok(Outcome {
                     ok: false,
@@ -683,6 +989,20 @@ impl Engine<'_> {
         })
     }
 
+    /// How long a command of this step may run: the asked or tool timeout, within the phase's,
+    /// within what is left of the wall-time budget.
+    fn command_timeout(&self, asked_ms: Option<u64>, phase_timeout_ms: u64) -> Duration {
+        let mut timeout = Duration::from_millis(phase_timeout_ms);
+        if let Some(ms) = asked_ms {
+            timeout = timeout.min(Duration::from_millis(ms));
+        }
+        if let Some(limit) = self.run.limits.get(BudgetName::WallTime) {
+            let left = limit.saturating_sub(self.run.used(BudgetName::WallTime));
+            timeout = timeout.min(Duration::from_millis(left.max(1)));
+        }
+        timeout
+    }
+
     fn run_tool(
         &mut self,
         id: StepId,
@@ -690,24 +1010,59 @@ impl Engine<'_> {
         asked_seconds: Option<u64>,
         phase_timeout_ms: u64,
     ) -> Result<Outcome, EngineError> {
-        let mut timeout = Duration::from_millis(phase_timeout_ms);
-        if let Some(secs) = asked_seconds {
-            timeout = timeout.min(Duration::from_secs(secs));
+        let timeout = self.command_timeout(
+            asked_seconds.map(|s| s.saturating_mul(1000)),
+            phase_timeout_ms,
+        );
+        let env = self.command_env(Some(id));
+        self.command_tool(process::Program::Shell(command), command, env, timeout)
+    }
+
+    /// A contract-defined tool: its argv filled from the arguments, run without a shell, with
+    /// its key and its declared secrets in the environment.
+    fn contract_tool(
+        &mut self,
+        id: StepId,
+        name: &str,
+        args: &serde_json::Value,
+        key: &str,
+        phase_timeout_ms: u64,
+    ) -> Result<Outcome, EngineError> {
+        let Some(tool) = self.contract.tool(name).cloned() else {
+            return Ok(Outcome::failed(format!("tool `{name}` cannot be made")));
+        };
+        let argv = tool.argv(args, key);
+        let timeout = self.command_timeout(tool.timeout_ms, phase_timeout_ms);
+        let mut env: Vec<(String, String)> = self
+            .command_env(Some(id))
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        if let Some(keel_core::contract::KeyPassing::Env(var)) = &tool.idempotency_key {
+            env.push((var.clone(), key.to_string()));
         }
-        if let Some(limit) = self.run.limits.get(BudgetName::WallTime) {
-            let left = limit.saturating_sub(self.run.used(BudgetName::WallTime));
-            timeout = timeout.min(Duration::from_millis(left.max(1)));
+        match self.secret_env(&tool.secrets) {
+            Ok(secrets) => env.extend(secrets),
+            Err(e) => return Ok(Outcome::failed(e)),
         }
+        let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        let label = shell_words(&argv);
+        self.command_tool(process::Program::Argv(&argv), &label, env, timeout)
+    }
+
+    /// Runs one command of a tool call and describes what came of it.
+    fn command_tool(
+        &mut self,
+        program: process::Program<'_>,
+        label: &str,
+        env: Vec<(&str, String)>,
+        timeout: Duration,
+    ) -> Result<Outcome, EngineError> {
         let before = self.env.git.worktree_tree()?;
         let out = self.output_path("run");
-        let outcome = process::run_shell(
-            command,
-            &self.env.workspace,
-            &self.command_env(Some(id)),
-            &out,
-            timeout,
-        )
-        .map_err(|e| EngineError::io(&out, e))?;
+        let outcome = self
+            .run_program(program, &env, &out, timeout, None)
+            .map_err(|e| EngineError::io(&out, e))?;
         let full = std::fs::read(&out).unwrap_or_default();
         let _ = std::fs::remove_file(&out);
         let after = self.env.git.worktree_tree()?;
@@ -732,8 +1087,7 @@ impl Engine<'_> {
             compact_failure(&text, 60)
         };
         let observation = format!("{}\n{}", outcome.status, shown.trim_end());
-        let error =
-            (!outcome.success).then(|| error_fingerprint(command, &outcome.status, &text).0);
+        let error = (!outcome.success).then(|| error_fingerprint(label, &outcome.status, &text).0);
         Ok(Outcome {
             ok: outcome.success,
             observation,
@@ -742,6 +1096,59 @@ impl Engine<'_> {
             error,
             extra: Vec::new(),
         })
+    }
+
+    /// The `http` tool: the contract's allow-list is checked again here (the policy check
+    /// already refused what it does not allow), the key goes in `Idempotency-Key`.
+    fn http_tool(&mut self, args: &serde_json::Value, key: &str) -> Result<Outcome, EngineError> {
+        let request = http_request(args);
+        let policy = self.http_policy();
+        let keyed = !matches!(request.method.as_str(), "GET" | "HEAD");
+        match keel_tools::http::send(&policy, &request, keyed.then_some(key)) {
+            Ok(response) => {
+                let body = String::from_utf8_lossy(&response.body);
+                let status_line = format!(
+                    "HTTP {}{}",
+                    response.status,
+                    if response.truncated {
+                        format!(" (body cut at {} bytes)", policy.max_response_bytes)
+                    } else {
+                        String::new()
+                    }
+                );
+                let observation = format!("{status_line}\n{}", cut(&body, RUN_OUTPUT_BYTES));
+                let ok = response.status < 400;
+                let error = (!ok).then(|| {
+                    error_fingerprint(
+                        &format!("http {} {}", request.method, request.url),
+                        &response.status.to_string(),
+                        &body,
+                    )
+                    .0
+                });
+                let mut full = format!("{status_line}\n").into_bytes();
+                for (k, v) in &response.headers {
+                    full.extend_from_slice(format!("{k}: {v}\n").as_bytes());
+                }
+                full.push(b'\n');
+                full.extend_from_slice(&response.body);
+                Ok(Outcome {
+                    ok,
+                    observation,
+                    full: Some(full),
+                    changed: Vec::new(),
+                    error,
+                    extra: Vec::new(),
+                })
+            }
+            Err(e) => {
+                let text = e.to_string();
+                let fp = error_fingerprint(&format!("http {}", request.url), "error", &text).0;
+                let mut o = Outcome::failed(text);
+                o.error = Some(fp);
+                Ok(o)
+            }
+        }
     }
 
     /// After the calls: changes outside the scope are undone and recorded, the step's result is
@@ -977,6 +1384,83 @@ fn tool_error_kind(e: &ToolError) -> &'static str {
 
 fn fault_point(name: &str) {
     crate::fault::point(name);
+}
+
+/// The `http` tool's arguments as a request (already checked against the tool's schema).
+pub(crate) fn http_request(args: &serde_json::Value) -> keel_tools::http::HttpRequest {
+    let s = |k: &str| args.get(k).and_then(serde_json::Value::as_str);
+    keel_tools::http::HttpRequest {
+        method: s("method").unwrap_or("GET").to_string(),
+        url: s("url").unwrap_or("").to_string(),
+        headers: args
+            .get("headers")
+            .and_then(serde_json::Value::as_object)
+            .map(|h| {
+                h.iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        body: s("body").map(str::to_string),
+    }
+}
+
+impl Engine<'_> {
+    fn request_call_approval(
+        &mut self,
+        id: StepId,
+        i: u32,
+        call: &ToolCall,
+        verdict: &Verdict,
+    ) -> Result<(), EngineError> {
+        let key = effect_key(&self.run.id, id, i);
+        let payload = serde_json::json!({
+            "tool": call.name,
+            "arguments": verdict.args,
+            "attempts": self.effect_payload(call, &verdict.args, &key),
+            "class": verdict.reversibility,
+            "idempotency_key": key,
+        });
+        let payload = serde_json::to_string_pretty(&payload).unwrap_or_default();
+        let compensation = self
+            .contract
+            .tool(&call.name)
+            .and_then(|t| t.compensation(&verdict.args, &key))
+            .map(|argv| shell_words(&argv));
+        self.request_call_approval_payload(
+            id,
+            i,
+            &call.name,
+            payload,
+            verdict.reversibility,
+            compensation,
+        )
+    }
+
+    fn request_reconciliation(
+        &mut self,
+        id: StepId,
+        i: u32,
+        call: &ToolCall,
+        key: &str,
+    ) -> Result<(), EngineError> {
+        let args: serde_json::Value =
+            serde_json::from_str(&call.arguments).unwrap_or(serde_json::Value::Null);
+        let (class, _) = self.call_class(call, &args);
+        let payload = serde_json::json!({
+            "tool": call.name,
+            "arguments": args,
+            "attempted": self.effect_payload(call, &args, key),
+            "class": class,
+            "idempotency_key": key,
+            "how_to_check": format!(
+                "look in the system `{}` acts on for key {key} or for the attempted payload",
+                call.name
+            ),
+        });
+        let payload = serde_json::to_string_pretty(&payload).unwrap_or_default();
+        self.request_reconciliation_payload(id, i, &call.name, key, payload, class)
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 use keel_core::agent::Reversibility;
 use keel_core::budget::BudgetName;
 use keel_core::contract::PhaseKind;
-use keel_core::event::{ApprovalRequest, Block, Check, Event, EventBody, Gate, OnExpiry};
+use keel_core::event::{ApprovalRequest, Block, Check, Event, EventBody, Gate, OnExpiry, StepId};
 use keel_core::run::Run;
 use keel_core::state::RunState;
 use keel_store::Store;
@@ -17,6 +17,19 @@ const NOTIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How much of a diff an approval payload shows in full.
 const PAYLOAD_DIFF_BYTES: usize = 512 * 1024;
+
+/// An approval request before it has a number and a time.
+struct PendingRequest {
+    gate: Gate,
+    intent: String,
+    payload: String,
+    checks: Vec<Check>,
+    risk: String,
+    reversibility: Reversibility,
+    rollback: String,
+    /// For the state change's reason: "phase `x`", "call `y`".
+    waiting_for: String,
+}
 
 impl Engine<'_> {
     /// The exact payload of a phase gate: what the phase will do, and the change so far.
@@ -55,14 +68,8 @@ impl Engine<'_> {
 
     /// Creates the approval request of a gated phase and stops the run to wait for it.
     pub(crate) fn request_phase_approval(&mut self, phase: u32) -> Result<(), EngineError> {
-        if let Some(limit) = self.run.limits.get(BudgetName::Approvals)
-            && self.run.used(BudgetName::Approvals) >= limit
-        {
-            return self.block_budget(keel_core::event::BudgetStop {
-                budget: BudgetName::Approvals,
-                used: self.run.used(BudgetName::Approvals),
-                limit,
-            });
+        if let Some(stop) = self.approvals_exhausted() {
+            return self.block_budget(stop);
         }
         let name = self.run.phases[phase as usize].name.clone();
         let (payload, reversibility) = self.phase_payload(phase)?;
@@ -78,14 +85,12 @@ impl Engine<'_> {
             })
             .collect();
         let last_checkpoint = self.run.checkpoints.saturating_sub(1);
-        let request = ApprovalRequest {
-            n: self.run.approvals.len() as u32 + 1,
+        let pending = PendingRequest {
             gate: Gate::Phase { phase },
             intent: format!(
                 "Run phase `{name}` of \"{}\".",
                 keel_core::run::cut(&self.contract.task.goal, 200)
             ),
-            payload_hash: ApprovalRequest::hash_payload(&payload),
             payload,
             checks,
             risk: format!(
@@ -97,6 +102,29 @@ impl Engine<'_> {
                 "restore the workspace to checkpoint {last_checkpoint}: git checkout {} -- .",
                 keel_core::checkpoint::Checkpoint::snapshot_ref(&self.run.id, last_checkpoint)
             ),
+            waiting_for: format!("phase `{name}`"),
+        };
+        self.request_approval(pending, Vec::new(), true)
+    }
+
+    /// Records a request and moves the run to `awaiting_approval` (beside `before`, in one
+    /// commit), takes a checkpoint at a step boundary, and announces it.
+    fn request_approval(
+        &mut self,
+        pending: PendingRequest,
+        before: Vec<EventBody>,
+        checkpoint: bool,
+    ) -> Result<(), EngineError> {
+        let request = ApprovalRequest {
+            n: self.run.approvals.len() as u32 + 1,
+            gate: pending.gate,
+            intent: pending.intent,
+            payload_hash: ApprovalRequest::hash_payload(&pending.payload),
+            payload: pending.payload,
+            checks: pending.checks,
+            risk: pending.risk,
+            reversibility: pending.reversibility,
+            rollback: pending.rollback,
             created_at_ms: now_ms(),
             expires_at_ms: self
                 .contract
@@ -118,15 +146,114 @@ impl Engine<'_> {
         });
         let n = request.n;
         let reason = format!(
-            "waiting for approval request {n} (phase `{name}`); see `keel approvals {}`",
-            self.run.id
+            "waiting for approval request {n} ({}); see `keel approvals {}`",
+            pending.waiting_for, self.run.id
         );
-        self.commit(vec![
-            EventBody::ApprovalRequested { request },
-            self.state_change(RunState::AwaitingApproval, &reason, None),
-        ])?;
-        self.checkpoint()?;
+        let mut bodies = before;
+        bodies.push(EventBody::ApprovalRequested { request });
+        bodies.push(self.state_change(RunState::AwaitingApproval, &reason, None));
+        self.commit(bodies)?;
+        if checkpoint {
+            self.checkpoint()?;
+        }
         self.notify(&format!("approval request {n}"), &announcement)
+    }
+
+    /// A tool call the contract wants a person to approve: the exact call is the payload.
+    pub(crate) fn request_call_approval_payload(
+        &mut self,
+        step: StepId,
+        call: u32,
+        tool: &str,
+        payload: String,
+        class: Reversibility,
+        compensation: Option<String>,
+    ) -> Result<(), EngineError> {
+        if let Some(stop) = self.approvals_exhausted() {
+            return self.block_budget(stop);
+        }
+        let key = keel_core::event::effect_key(&self.run.id, step, call);
+        let pending = PendingRequest {
+            gate: Gate::ToolCall { step, call },
+            intent: format!(
+                "Let the driver call `{tool}` (step {step}, call {}).",
+                call + 1
+            ),
+            payload,
+            checks: Vec::new(),
+            risk: format!(
+                "{class}: {}",
+                match class {
+                    Reversibility::Irreversible => "once made, keel cannot undo it",
+                    Reversibility::Compensatable => "undone only by its compensation",
+                    Reversibility::Reversible => "it changes the workspace, undone by a checkpoint",
+                    Reversibility::ReadOnly => "it changes nothing",
+                }
+            ),
+            reversibility: class,
+            rollback: match compensation {
+                Some(c) => format!("run the compensation: {c}"),
+                None => format!("no compensation; the call's idempotency key is {key}"),
+            },
+            waiting_for: format!("call `{tool}`"),
+        };
+        self.request_approval(pending, Vec::new(), false)
+    }
+
+    /// A call with an external effect was interrupted and may or may not have happened: its
+    /// outcome becomes `unknown` and a person says whether to make it again.
+    pub(crate) fn request_reconciliation_payload(
+        &mut self,
+        step: StepId,
+        call: u32,
+        tool: &str,
+        key: &str,
+        payload: String,
+        class: Reversibility,
+    ) -> Result<(), EngineError> {
+        let settle = EventBody::EffectSettled {
+            step,
+            call,
+            key: key.to_string(),
+            status: keel_core::event::EffectStatus::Unknown,
+            detail: "keel stopped after the effect was intended and before its outcome was \
+                     recorded"
+                .into(),
+        };
+        let pending = PendingRequest {
+            gate: Gate::Reconcile {
+                step,
+                call,
+                key: key.to_string(),
+            },
+            intent: format!(
+                "Settle call `{tool}` (step {step}, call {}): it may or may not have happened. \
+                 Approve to make it again with the same key; reject to leave it as it is and \
+                 go on.",
+                call + 1
+            ),
+            payload,
+            checks: Vec::new(),
+            risk: format!(
+                "{class}, and `{tool}` takes no idempotency key: making it again could apply it \
+                 twice. Check the external system for key {key} (or for the payload) first."
+            ),
+            reversibility: class,
+            rollback: "none needed to leave it; if it happened twice, undo one by hand".into(),
+            waiting_for: format!("reconciliation of call `{tool}`, key {key}"),
+        };
+        self.commit(vec![settle])?;
+        self.request_approval(pending, Vec::new(), false)
+    }
+
+    fn approvals_exhausted(&self) -> Option<keel_core::event::BudgetStop> {
+        let limit = self.run.limits.get(BudgetName::Approvals)?;
+        let used = self.run.used(BudgetName::Approvals);
+        (used >= limit).then_some(keel_core::event::BudgetStop {
+            budget: BudgetName::Approvals,
+            used,
+            limit,
+        })
     }
 
     /// Runs the contract's notify command with `what` as JSON on stdin; its outcome is recorded,
@@ -142,9 +269,8 @@ impl Engine<'_> {
         let input = self.output_path("notify-input");
         let output = self.output_path("notify");
         let outcome = std::fs::write(&input, payload.to_string()).and_then(|()| {
-            crate::process::run_shell_with_input(
-                &command,
-                &self.env.workspace,
+            self.run_program(
+                crate::process::Program::Shell(&command),
                 &self.command_env(None),
                 &output,
                 NOTIFY_TIMEOUT,
@@ -206,6 +332,23 @@ impl Engine<'_> {
             )?;
             return Ok(false);
         };
+        if !decision.approve
+            && matches!(
+                approval.request.gate,
+                Gate::ToolCall { .. } | Gate::Reconcile { .. }
+            )
+        {
+            // A rejected call is not a dead end: the driver is told and works on.
+            self.set_state(
+                RunState::Executing,
+                &format!(
+                    "approval request {n} was rejected by {}: {}; the driver is told",
+                    decision.by, decision.reason
+                ),
+                None,
+            )?;
+            return Ok(true);
+        }
         if !decision.approve {
             self.set_state(
                 RunState::Blocked,

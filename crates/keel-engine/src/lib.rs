@@ -16,6 +16,7 @@ mod environment;
 pub mod fault;
 mod llm_driver;
 mod process;
+pub mod secrets;
 pub mod worker;
 
 use std::path::{Path, PathBuf};
@@ -222,6 +223,42 @@ pub struct Engine<'a> {
     /// The decision-maker of agent phases, when the contract has any.
     driver: Option<Box<dyn driver::Driver>>,
     lease_ttl_ms: i64,
+    /// The contract's secret values known now: scrubbed from every event and artifact.
+    scrubber: std::sync::Arc<keel_core::secret::Scrubber>,
+}
+
+/// The secrets file of a store directory (see [`Engine::secrets_file`]).
+fn secrets_file_in(store_dir: &Path) -> PathBuf {
+    match std::env::var_os("KEEL_SECRETS_FILE") {
+        Some(path) => PathBuf::from(path),
+        None => store_dir.join("secrets"),
+    }
+}
+
+/// Every secret the contract names whose value can be found now (in the environment or the
+/// secrets file): what keel scrubs. One that cannot be found now is an error only when it is
+/// used.
+fn known_secrets(
+    contract: &Contract,
+    env: &Environment,
+) -> Result<std::sync::Arc<keel_core::secret::Scrubber>, EngineError> {
+    let file = secrets_file_in(env.tmp.parent().unwrap_or(&env.workspace));
+    let file = file.exists().then_some(file.as_path());
+    let mut found = Vec::new();
+    for name in contract.secret_names() {
+        match secrets::resolve(
+            std::slice::from_ref(&name),
+            &|n: &str| std::env::var(n).ok(),
+            file,
+        ) {
+            Ok(mut s) => found.append(&mut s),
+            Err(secrets::SecretError::NotSet { .. }) => {}
+            Err(e) => return Err(EngineError::Usage(e.to_string())),
+        }
+    }
+    keel_core::secret::Scrubber::new(found.iter())
+        .map(std::sync::Arc::new)
+        .map_err(|e| EngineError::Usage(e.to_string()))
 }
 
 /// Choices made on the command line for one run (driver kind, model), recorded with it.
@@ -350,6 +387,7 @@ pub fn start(
             base,
             keel_version: keel_core::KEEL_VERSION.to_string(),
             driver: (*choice != DriverOverride::default()).then(|| choice.clone()),
+            sandbox_off: !contract.sandbox.enabled,
         },
     };
     let run = Run::create(&created).map_err(|source| EngineError::Apply {
@@ -366,6 +404,8 @@ pub fn start(
         store.release(&lease)?;
         return Ok(run);
     }
+    let scrubber = known_secrets(&contract, &env)?;
+    store.set_scrubber(scrubber.clone());
     let mut engine = Engine {
         store,
         contract,
@@ -375,6 +415,7 @@ pub fn start(
         observer,
         tools,
         driver,
+        scrubber,
         lease_ttl_ms: LEASE_TTL_MS,
     };
     engine.commit(vec![EventBody::Resumed {
@@ -509,6 +550,8 @@ pub fn resume(
     let choice = run.driver.clone().unwrap_or_default();
     let driver = make_driver(&contract, &contract_dir, &choice)?;
     let tools = agent_workspace(Path::new(&run.workspace))?;
+    let scrubber = known_secrets(&contract, &env)?;
+    store.set_scrubber(scrubber.clone());
     let mut engine = Engine {
         store,
         contract,
@@ -518,6 +561,7 @@ pub fn resume(
         observer,
         tools,
         driver,
+        scrubber,
         lease_ttl_ms,
     };
     // An interrupted command step is rolled back here; an interrupted agent step continues
@@ -979,6 +1023,7 @@ impl Engine<'_> {
         let mut next = self.run.clone();
         let mut events = Vec::with_capacity(bodies.len());
         for body in bodies {
+            let body = self.scrub_body(body);
             let event = Event {
                 run_id: next.id.clone(),
                 seq: next.seq + 1,
@@ -1002,6 +1047,21 @@ impl Engine<'_> {
         self.run = next;
         fault::point("after commit");
         Ok(())
+    }
+
+    /// The body with every known secret value replaced by `[secret:NAME]`.
+    fn scrub_body(&self, body: EventBody) -> EventBody {
+        if self.scrubber.is_empty() {
+            return body;
+        }
+        let json = body.encode();
+        match self.scrubber.scrub(&json) {
+            std::borrow::Cow::Borrowed(_) => body,
+            // Replacing a value inside a JSON string with `[secret:NAME]` keeps it JSON.
+            std::borrow::Cow::Owned(clean) => {
+                EventBody::decode(keel_core::event::EVENT_VERSION, &clean).unwrap_or(body)
+            }
+        }
     }
 
     fn release(&mut self) {
@@ -1198,14 +1258,15 @@ impl Engine<'_> {
             timeout = timeout.min(Duration::from_millis(left.max(1)));
         }
         let out = self.output_path("step");
-        let outcome = process::run_shell(
-            &command,
-            &self.env.workspace,
-            &self.command_env(Some(id)),
-            &out,
-            timeout,
-        )
-        .map_err(|e| EngineError::io(&out, e))?;
+        let outcome = self
+            .run_program(
+                process::Program::Shell(&command),
+                &self.command_env(Some(id)),
+                &out,
+                timeout,
+                None,
+            )
+            .map_err(|e| EngineError::io(&out, e))?;
         fault::point("command ended");
         let output = self.store.artifacts().put_file(&out)?;
         // The artifact holds the output from here on.
@@ -1339,6 +1400,25 @@ impl Engine<'_> {
             .join(format!("{}-{}-{what}.log", self.run.id, self.run.seq))
     }
 
+    /// Runs one command of the run in the workspace: the single place every command keel runs
+    /// for a run passes through.
+    fn run_program(
+        &self,
+        program: process::Program<'_>,
+        env: &[(&str, String)],
+        output: &Path,
+        timeout: Duration,
+        input: Option<&Path>,
+    ) -> std::io::Result<process::Outcome> {
+        process::run_program(program, &self.env.workspace, env, output, timeout, input)
+    }
+
+    /// Where `secret:NAME` values not in the environment are read from: `$KEEL_SECRETS_FILE`,
+    /// else `secrets` beside the store (`.keel/secrets`), `NAME=value` lines, mode 600.
+    pub(crate) fn secrets_file(&self) -> PathBuf {
+        secrets_file_in(self.env.tmp.parent().unwrap_or(&self.env.workspace))
+    }
+
     fn command_env(&self, step: Option<StepId>) -> Vec<(&'static str, String)> {
         let mut env = vec![
             ("KEEL_RUN_ID", self.run.id.clone()),
@@ -1366,14 +1446,15 @@ impl Engine<'_> {
             },
         );
         let out = self.output_path(&format!("verify-{}", v.name));
-        let outcome = process::run_shell(
-            &v.run,
-            &self.env.workspace,
-            &self.command_env(step),
-            &out,
-            Duration::from_millis(v.timeout_ms),
-        )
-        .map_err(|e| EngineError::io(&out, e))?;
+        let outcome = self
+            .run_program(
+                process::Program::Shell(&v.run),
+                &self.command_env(step),
+                &out,
+                Duration::from_millis(v.timeout_ms),
+                None,
+            )
+            .map_err(|e| EngineError::io(&out, e))?;
         fault::point("verifier ended");
         let output = self.store.artifacts().put_file(&out)?;
         // A failure carries the part of its output that says what failed, for the driver.

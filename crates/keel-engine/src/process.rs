@@ -27,6 +27,23 @@ pub fn hide_from_commands(name: &str) {
     }
 }
 
+/// What to run: a shell command line, or an argv that no shell sees.
+#[derive(Debug, Clone, Copy)]
+pub enum Program<'a> {
+    Shell(&'a str),
+    Argv(&'a [String]),
+}
+
+impl Program<'_> {
+    /// The argv that runs it.
+    pub fn argv(&self) -> Vec<String> {
+        match self {
+            Program::Shell(command) => vec!["sh".into(), "-c".into(), command.to_string()],
+            Program::Argv(argv) => argv.to_vec(),
+        }
+    }
+}
+
 /// How long a command gets between SIGTERM and SIGKILL at its timeout.
 const GRACE: Duration = Duration::from_secs(2);
 
@@ -72,15 +89,33 @@ pub fn run_shell_with_input(
     timeout: Duration,
     input: Option<&Path>,
 ) -> std::io::Result<Outcome> {
+    run_program(Program::Shell(command), dir, env, output, timeout, input)
+}
+
+/// Runs `program` in `dir` (see [`run_shell`]).
+pub fn run_program(
+    program: Program<'_>,
+    dir: &Path,
+    env: &[(&str, String)],
+    output: &Path,
+    timeout: Duration,
+    input: Option<&Path>,
+) -> std::io::Result<Outcome> {
+    let argv = program.argv();
+    let Some((first, rest)) = argv.split_first() else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "an empty command",
+        ));
+    };
     let out = File::create(output)?;
     let err = out.try_clone()?;
     let stdin = match input {
         Some(path) => Stdio::from(File::open(path)?),
         None => Stdio::null(),
     };
-    let mut cmd = Command::new("sh");
-    cmd.arg("-c")
-        .arg(command)
+    let mut cmd = Command::new(first);
+    cmd.args(rest)
         .current_dir(dir)
         .stdin(stdin)
         .stdout(out)

@@ -224,6 +224,9 @@ impl ApprovalView {
             gate: r.gate.clone(),
             phase: match &r.gate {
                 Gate::Phase { phase } => run.phases.get(*phase as usize).map(|p| p.name.clone()),
+                Gate::ToolCall { step, .. } | Gate::Reconcile { step, .. } => {
+                    run.phases.get(step.phase as usize).map(|p| p.name.clone())
+                }
                 Gate::BudgetRaise { .. } | Gate::Migration => None,
             },
             intent: r.intent.clone(),

@@ -11,11 +11,21 @@ use crate::StoreError;
 #[derive(Debug, Clone)]
 pub struct Artifacts {
     dir: PathBuf,
+    /// Known secret values, replaced by `[secret:NAME]` in every blob before it is written.
+    scrubber: std::sync::Arc<keel_core::secret::Scrubber>,
 }
 
 impl Artifacts {
     pub fn new(dir: PathBuf) -> Artifacts {
-        Artifacts { dir }
+        Artifacts {
+            dir,
+            scrubber: std::sync::Arc::new(keel_core::secret::Scrubber::empty()),
+        }
+    }
+
+    /// From now on every blob is scrubbed of these secrets before it is stored.
+    pub fn set_scrubber(&mut self, scrubber: std::sync::Arc<keel_core::secret::Scrubber>) {
+        self.scrubber = scrubber;
     }
 
     pub fn dir(&self) -> &Path {
@@ -29,6 +39,8 @@ impl Artifacts {
 
     /// Stores `bytes` and returns their hash. Storing the same bytes twice is a no-op.
     pub fn put(&self, bytes: &[u8]) -> Result<String, StoreError> {
+        let bytes = self.scrubber.scrub_bytes(bytes);
+        let bytes = bytes.as_ref();
         let hash = blake3::hash(bytes).to_hex().to_string();
         self.write(&hash, |f| f.write_all(bytes))?;
         Ok(hash)
@@ -37,6 +49,12 @@ impl Artifacts {
     /// Stores the content of a file (streamed, not read into memory) and returns its hash.
     pub fn put_file(&self, source: &Path) -> Result<String, StoreError> {
         let io_err = |e| StoreError::io(source, e);
+        if !self.scrubber.is_empty() {
+            // With secrets known, the blob is scrubbed as a whole (a value may straddle any
+            // chunk boundary), so it is read into memory.
+            let bytes = fs::read(source).map_err(io_err)?;
+            return self.put(&bytes);
+        }
         let mut hasher = blake3::Hasher::new();
         let mut file = File::open(source).map_err(io_err)?;
         hasher.update_reader(&mut file).map_err(io_err)?;

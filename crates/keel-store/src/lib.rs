@@ -212,6 +212,11 @@ impl Store {
         &self.artifacts
     }
 
+    /// Every artifact stored from now on is scrubbed of these secrets.
+    pub fn set_scrubber(&mut self, scrubber: std::sync::Arc<keel_core::secret::Scrubber>) {
+        self.artifacts.set_scrubber(scrubber);
+    }
+
     fn sql(&self, source: rusqlite::Error) -> StoreError {
         StoreError::Sqlite {
             path: self.path.clone(),

@@ -36,6 +36,7 @@ fn created(id: &str) -> (Event, Run) {
             base: Fingerprint::default(),
             keel_version: "0".into(),
             driver: None,
+            sandbox_off: false,
         },
     };
     let run = Run::create(&e).unwrap();

@@ -21,6 +21,7 @@
 //!
 //! Unix only (hard-link counts and file modes).
 
+pub mod http;
 mod output;
 mod patch;
 mod read;

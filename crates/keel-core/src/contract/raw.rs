@@ -42,10 +42,43 @@ pub(super) struct RawContract {
     #[serde(default)]
     #[schemars(with = "Vec<RawPhase>", length(min = 1))]
     pub phase: Vec<Spanned<RawPhase>>,
-    /// Contract-defined tools for agent phases (not supported yet).
+    /// Contract-defined tools for agent phases: a command with JSON-schema'd arguments.
     #[serde(default)]
     #[schemars(with = "Vec<RawTool>")]
     pub tool: Vec<Spanned<RawTool>>,
+    /// How every command keel runs is confined.
+    pub sandbox: Option<RawSandbox>,
+}
+
+/// `[sandbox]`: how every command keel runs (command phases, the `run` tool, delegated drivers,
+/// verifiers, contract tools) is confined. On by default; the kernel must be able to enforce it.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "Sandbox")]
+pub(super) struct RawSandbox {
+    /// "on" (the default) or "off". Off runs commands unconfined and is recorded in the run's
+    /// log; use it only where the kernel cannot enforce the sandbox and you accept the risk.
+    #[schemars(with = "Option<String>")]
+    pub mode: Option<Spanned<String>>,
+    /// Extra directories commands may write besides the workspace and their private temp
+    /// directory (for example a build cache). "~/" is the home directory.
+    #[schemars(with = "Option<Vec<String>>")]
+    pub writable: Option<Vec<Spanned<String>>>,
+    /// Names of environment variables passed to commands besides keel's short allow-list.
+    #[schemars(with = "Option<Vec<String>>")]
+    pub env: Option<Vec<Spanned<String>>>,
+    /// Address-space limit of each command, e.g. "4GiB" (default "8GiB").
+    #[schemars(with = "Option<String>")]
+    pub memory: Option<Spanned<String>>,
+    /// How many processes a command may have at once (default 512).
+    #[schemars(with = "Option<u64>")]
+    pub processes: Option<Spanned<u64>>,
+    /// How many files a command may have open (default 1024).
+    #[schemars(with = "Option<u64>")]
+    pub open_files: Option<Spanned<u64>>,
+    /// CPU time limit of each command, e.g. "10m" (default: none besides the timeout).
+    #[schemars(with = "Option<String>")]
+    pub cpu_time: Option<Spanned<String>>,
 }
 
 /// `[approvals]`: how requests for a person are announced, and how long they may wait.
@@ -63,6 +96,10 @@ pub(super) struct RawApprovals {
     /// What a request nobody decided in time becomes: "reject" (default) or "block".
     #[schemars(with = "Option<String>")]
     pub on_expiry: Option<Spanned<String>>,
+    /// Tool calls of these reversibility classes wait for a person's approval, e.g.
+    /// ["irreversible", "compensatable"]. Default: none (a tool's own `approval` still applies).
+    #[schemars(with = "Option<Vec<RawReversibility>>")]
+    pub require: Option<Vec<Spanned<RawReversibility>>>,
 }
 
 /// `[task]`: what the run must achieve.
@@ -166,6 +203,23 @@ pub(super) struct RawScope {
     /// Whether commands may use the network. Default false.
     #[schemars(extend("default" = false))]
     pub network: Option<bool>,
+    /// What the `http` tool may reach: each rule a host (exact, or "*.example.com"), an
+    /// optional port and the methods allowed.
+    #[schemars(with = "Option<Vec<RawHttpRule>>")]
+    pub http: Option<Vec<Spanned<RawHttpRule>>>,
+}
+
+/// One allow rule of the `http` tool.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "HttpRule")]
+pub(super) struct RawHttpRule {
+    /// A host name or IP address, or "*.example.com" for its subdomains.
+    pub host: String,
+    /// The port; absent means any.
+    pub port: Option<u16>,
+    /// Methods allowed, e.g. ["GET", "POST"]. Default ["GET"].
+    pub methods: Option<Vec<String>>,
 }
 
 /// `[budget]`: hard limits, all enforced together. Durations are strings like "90s", "30m" or
@@ -306,39 +360,56 @@ pub(super) struct RawPhase {
     /// A command that undoes the phase's effects (not supported yet).
     #[schemars(with = "Option<String>")]
     pub compensate: Option<Spanned<String>>,
-    /// Names of secrets the phase's commands see as environment variables (not supported yet;
-    /// only an empty list is accepted).
+    /// Names of secrets the phase's commands see as environment variables (resolved from the
+    /// environment or the secrets file when the command runs).
     #[schemars(with = "Option<Vec<String>>")]
     pub secrets: Option<Spanned<Vec<String>>>,
 }
 
-/// A contract-defined tool an agent phase may list in `tools` (not supported yet: a contract with
-/// a [[tool]] is refused).
-// Parsed so that its shape is checked and documented; since every `[[tool]]` is refused, most
-// fields are never read.
+/// A contract-defined tool an agent phase may list in `tools`: a command run without a shell,
+/// its argv filled from JSON-schema'd arguments.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-#[allow(dead_code)]
 #[schemars(rename = "Tool")]
 pub(super) struct RawTool {
-    /// The name an agent phase lists in `tools`.
-    pub name: String,
-    /// What the tool does, for the driver.
-    pub description: Option<String>,
-    /// The argv to run (no shell); "{param}" is filled from the arguments.
-    pub run: Vec<String>,
-    /// JSON-Schema-like description of each argument.
+    /// The name an agent phase lists in `tools` (letters, digits, `_` and `-`).
+    #[schemars(with = "String")]
+    pub name: Spanned<String>,
+    /// What the tool does, for the driver. Required.
+    #[schemars(with = "Option<String>")]
+    pub description: Option<Spanned<String>>,
+    /// The argv to run (no shell); "{param}" in an element is replaced by that argument, and
+    /// "{idempotency_key}" by the call's key when `idempotency_key = "arg"`.
+    #[schemars(with = "Vec<String>", length(min = 1))]
+    pub run: Spanned<Vec<Spanned<String>>>,
+    /// The arguments: a table of name = { type = "string" | "integer" | "number" | "boolean",
+    /// description = "...", optional = true }. Every argument is required unless optional.
     #[schemars(with = "Option<serde_json::Map<String, serde_json::Value>>")]
-    pub parameters: Option<toml::Table>,
+    pub parameters: Option<Spanned<toml::Table>>,
     /// Names of secrets the command sees as environment variables.
-    pub secrets: Option<Vec<String>>,
-    pub reversibility: Option<RawReversibility>,
-    /// How the idempotency key reaches the command, e.g. "env:IDEMPOTENCY_KEY".
-    pub idempotency_key: Option<String>,
-    /// Ask a human before each call.
-    pub approval: Option<bool>,
-    /// A command that undoes a call.
-    pub compensate: Option<String>,
+    #[schemars(with = "Option<Vec<String>>")]
+    pub secrets: Option<Spanned<Vec<Spanned<String>>>>,
+    /// What undoing a call takes. Default "irreversible".
+    #[schemars(with = "Option<RawReversibility>")]
+    pub reversibility: Option<Spanned<RawReversibility>>,
+    /// How the call's idempotency key reaches the command: "env:NAME" (an environment
+    /// variable) or "arg" (the "{idempotency_key}" placeholder in `run`). A tool with a key is
+    /// retried with the same key after a crash; one without is never re-run blindly.
+    #[schemars(with = "Option<String>")]
+    pub idempotency_key: Option<Spanned<String>>,
+    /// Ask a person before each call.
+    #[schemars(with = "Option<bool>")]
+    pub approval: Option<Spanned<bool>>,
+    /// The argv that undoes a call (same placeholders as `run`); required for
+    /// reversibility = "compensatable".
+    #[schemars(with = "Option<Vec<String>>")]
+    pub compensate: Option<Spanned<Vec<Spanned<String>>>>,
+    /// How long a call may run, e.g. "2m". Default: the phase's timeout.
+    #[schemars(with = "Option<String>")]
+    pub timeout: Option<Spanned<String>>,
+    /// Whether the command may use the network (default: `[scope] network`).
+    #[schemars(with = "Option<bool>")]
+    pub network: Option<Spanned<bool>>,
 }
 
 /// An amount of dollars written as a TOML integer or float.

@@ -19,9 +19,20 @@ pub struct Scope {
     pub commands: Vec<String>,
     /// Whether commands may use the network.
     pub network: bool,
+    /// What the `http` tool may reach.
+    pub http: Vec<HttpRule>,
     writable_set: GlobSet,
     forbidden_set: GlobSet,
     commands_set: GlobSet,
+}
+
+/// One allow rule of the `http` tool: a host (exact, or `*.example.com`), an optional port,
+/// the methods (uppercase).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpRule {
+    pub host: String,
+    pub port: Option<u16>,
+    pub methods: Vec<String>,
 }
 
 impl Default for Scope {
@@ -32,6 +43,7 @@ impl Default for Scope {
             forbidden: Vec::new(),
             commands: Vec::new(),
             network: false,
+            http: Vec::new(),
             writable_set: GlobSet::empty(),
             forbidden_set: GlobSet::empty(),
             commands_set: GlobSet::empty(),
@@ -65,6 +77,7 @@ impl Scope {
             forbidden,
             commands,
             network,
+            http: Vec::new(),
             writable_set,
             forbidden_set,
             commands_set,

@@ -10,14 +10,16 @@ use toml::Spanned;
 
 use super::diagnostic::{Diagnostics, reword_toml_error};
 use super::raw::{
-    Dollars, RawApprovals, RawBudget, RawContract, RawDriver, RawPhase, RawPhaseKind,
-    RawReversibility, RawScope, RawTask, RawVerifier, RawWorkspace,
+    Dollars, RawApprovals, RawBudget, RawContract, RawDriver, RawHttpRule, RawPhase, RawPhaseKind,
+    RawReversibility, RawSandbox, RawScope, RawTask, RawTool, RawVerifier, RawWorkspace,
 };
-use super::scope::{Scope, command_glob, path_glob};
+use super::scope::{HttpRule, Scope, command_glob, path_glob};
 use super::{
-    ApprovalPolicy, Contract, ContractError, DEFAULT_LOCKFILES, DEFAULT_TIMEOUT_MS, Driver,
-    DriverKind, Phase, PhaseKind, Task, Tier, Verifier, Workspace,
+    ApprovalPolicy, Contract, ContractError, ContractTool, DEFAULT_LOCKFILES, DEFAULT_TIMEOUT_MS,
+    Driver, DriverKind, KeyPassing, Phase, PhaseKind, SandboxSettings, Task, Tier, Verifier,
+    Workspace, placeholders,
 };
+use crate::agent::Reversibility;
 use crate::budget::{BudgetLimits, BudgetName};
 
 const MAX_NAME_LEN: usize = 64;
@@ -40,7 +42,11 @@ pub(super) fn parse(file: &str, source: &str) -> Result<Contract, ContractError>
             return Err(d.into_error());
         }
     };
-    let contract = Validator { d: &mut d }.contract(raw, source);
+    let contract = Validator {
+        d: &mut d,
+        tool_names: Vec::new(),
+    }
+    .contract(raw, source);
     match contract {
         Some(contract) if d.is_empty() => Ok(contract),
         _ => {
@@ -62,6 +68,8 @@ fn report_toml_error(d: &mut Diagnostics<'_>, e: &toml::de::Error, syntax: bool)
 
 struct Validator<'d, 'a> {
     d: &'d mut Diagnostics<'a>,
+    /// The contract-defined tools, which agent phases may list beside the built-in ones.
+    tool_names: Vec<String>,
 }
 
 impl Validator<'_, '_> {
@@ -78,6 +86,7 @@ impl Validator<'_, '_> {
             phase,
             tool,
             approvals,
+            sandbox,
         } = raw;
 
         let task = self.task(task);
@@ -89,14 +98,9 @@ impl Validator<'_, '_> {
         let scope = self.scope(scope);
         let budget = self.budget(budget);
         let verifiers = self.verifiers(&verify);
+        let tools = self.tools(tool);
         let phases = self.phases(&phase, &verify);
-        for tool in &tool {
-            self.d.at(
-                &tool.span(),
-                "contract-defined tools ([[tool]]) are not supported yet; remove this [[tool]] \
-                 table",
-            );
-        }
+        let sandbox = self.sandbox(sandbox);
 
         if let Some(None) = &driver {
             for p in &phase {
@@ -127,7 +131,424 @@ impl Validator<'_, '_> {
             budget: budget?,
             verifiers: verifiers?,
             phases: phases?,
+            tools: tools?,
+            sandbox: sandbox?,
         })
+    }
+
+    /// `[[tool]]`: names unique and distinct from the built-in tools, argv templates whose
+    /// placeholders are declared arguments, a compensation for compensatable tools.
+    fn tools(&mut self, raw: Vec<Spanned<RawTool>>) -> Option<Vec<ContractTool>> {
+        let mut out = Vec::new();
+        let mut ok = true;
+        // Phases may list every declared tool, even one refused below: one mistake, one message.
+        self.tool_names = raw
+            .iter()
+            .map(|t| t.get_ref().name.get_ref().clone())
+            .collect();
+        for spanned in raw {
+            let span = spanned.span();
+            let t = spanned.into_inner();
+            match self.tool(span.clone(), t) {
+                Some(tool) if out.iter().any(|o: &ContractTool| o.name == tool.name) => {
+                    self.d.at(
+                        &span,
+                        format!("there are two tools named \"{}\"; rename one", tool.name),
+                    );
+                    ok = false;
+                }
+                Some(tool) => out.push(tool),
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
+    }
+
+    fn tool(&mut self, span: Range<usize>, t: RawTool) -> Option<ContractTool> {
+        let mut ok = true;
+        let name = t.name.get_ref().clone();
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            self.d.at(
+                &t.name.span(),
+                format!(
+                    "tool name \"{name}\" may only hold letters, digits, `_` and `-` (models \
+                     call tools by name)"
+                ),
+            );
+            ok = false;
+        } else if crate::tools::BUILTIN.contains(&name.as_str()) || name.contains('.') {
+            self.d.at(
+                &t.name.span(),
+                format!("\"{name}\" is a built-in tool; give this tool another name"),
+            );
+            ok = false;
+        }
+        let description = match &t.description {
+            Some(d) if !d.get_ref().trim().is_empty() => d.get_ref().clone(),
+            Some(d) => {
+                self.d.at(
+                    &d.span(),
+                    "the description is empty; say what the tool does, for the driver",
+                );
+                ok = false;
+                String::new()
+            }
+            None => {
+                self.d.at(
+                    &span,
+                    format!(
+                        "tool \"{name}\" has no description; add description = \"...\" (the \
+                         driver reads it)"
+                    ),
+                );
+                ok = false;
+                String::new()
+            }
+        };
+        let (parameters, declared) = self.tool_parameters(&t);
+        let parameters = parameters.unwrap_or_else(|| {
+            ok = false;
+            serde_json::Value::Null
+        });
+        let idempotency_key = match &t.idempotency_key {
+            None => None,
+            Some(k) => match k.get_ref().as_str() {
+                "arg" => Some(KeyPassing::Arg),
+                other => match other.strip_prefix("env:") {
+                    Some(var)
+                        if !var.is_empty()
+                            && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
+                    {
+                        Some(KeyPassing::Env(var.to_string()))
+                    }
+                    _ => {
+                        self.d.at(
+                            &k.span(),
+                            format!(
+                                "idempotency_key is \"{other}\"; write \"env:NAME\" (an \
+                                 environment variable) or \"arg\" (the {{idempotency_key}} \
+                                 placeholder in run)"
+                            ),
+                        );
+                        ok = false;
+                        None
+                    }
+                },
+            },
+        };
+        let mut argv_checks = |field: &str, argv: &Spanned<Vec<Spanned<String>>>| -> Vec<String> {
+            if argv.get_ref().is_empty() {
+                self.d.at(
+                    &argv.span(),
+                    format!("{field} is empty; give the program and its arguments"),
+                );
+                ok = false;
+            }
+            let mut out = Vec::new();
+            for (i, element) in argv.get_ref().iter().enumerate() {
+                let text = element.get_ref();
+                if i == 0 && text.trim().is_empty() {
+                    self.d
+                        .at(&element.span(), format!("the program of {field} is empty"));
+                    ok = false;
+                }
+                for p in placeholders(text) {
+                    if p == "idempotency_key" {
+                        if idempotency_key != Some(KeyPassing::Arg) {
+                            self.d.at(
+                                &element.span(),
+                                "{idempotency_key} is used, but the tool does not say \
+                                 idempotency_key = \"arg\"; add it",
+                            );
+                            ok = false;
+                        }
+                    } else if !declared.iter().any(|d| d == p) {
+                        self.d.at(
+                            &element.span(),
+                            format!(
+                                "{{{p}}} is not an argument of tool \"{name}\"; declare it in \
+                                 parameters or fix the name (arguments: {})",
+                                if declared.is_empty() {
+                                    "none".to_string()
+                                } else {
+                                    declared.join(", ")
+                                }
+                            ),
+                        );
+                        ok = false;
+                    }
+                }
+                out.push(text.clone());
+            }
+            out
+        };
+        let run = argv_checks("run", &t.run);
+        let compensate = t.compensate.as_ref().map(|c| argv_checks("compensate", c));
+        if idempotency_key == Some(KeyPassing::Arg)
+            && !run
+                .iter()
+                .any(|r| placeholders(r).contains(&"idempotency_key"))
+        {
+            self.d.at(
+                &t.run.span(),
+                "idempotency_key = \"arg\" but run has no {idempotency_key} placeholder; add it \
+                 where the command takes the key",
+            );
+            ok = false;
+        }
+        let reversibility = match t.reversibility.as_ref().map(|r| *r.get_ref()) {
+            None | Some(RawReversibility::Irreversible) => Reversibility::Irreversible,
+            Some(other) => reversibility(other),
+        };
+        if reversibility == Reversibility::Compensatable && compensate.is_none() {
+            let at = t
+                .reversibility
+                .as_ref()
+                .map(|r| r.span())
+                .unwrap_or(span.clone());
+            self.d.at(
+                &at,
+                format!(
+                    "tool \"{name}\" is compensatable but has no compensate; add compensate = \
+                     [\"program\", \"args\"...] (the command that undoes a call)"
+                ),
+            );
+            ok = false;
+        }
+        if let (Some(c), false) = (&t.compensate, reversibility == Reversibility::Compensatable) {
+            self.d.at(
+                &c.span(),
+                format!(
+                    "compensate is only for reversibility = \"compensatable\"; tool \"{name}\" \
+                     is {reversibility}"
+                ),
+            );
+            ok = false;
+        }
+        let secrets = match &t.secrets {
+            None => Vec::new(),
+            Some(list) => {
+                let mut out = Vec::new();
+                for s in list.get_ref() {
+                    let n = s.get_ref();
+                    if n.is_empty() || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                        self.d.at(
+                            &s.span(),
+                            format!(
+                                "secret name \"{n}\" must be an environment variable name \
+                                 (letters, digits and `_`)"
+                            ),
+                        );
+                        ok = false;
+                    } else {
+                        out.push(n.clone());
+                    }
+                }
+                out
+            }
+        };
+        let timeout_ms = match &t.timeout {
+            Some(v) => match self.duration("timeout", v) {
+                Some(ms) => Some(ms),
+                None => {
+                    ok = false;
+                    None
+                }
+            },
+            None => None,
+        };
+        ok.then(|| ContractTool {
+            name,
+            description,
+            run,
+            parameters,
+            secrets,
+            reversibility,
+            idempotency_key,
+            approval: t.approval.as_ref().is_some_and(|a| *a.get_ref()),
+            compensate,
+            timeout_ms,
+            network: t.network.as_ref().map(|n| *n.get_ref()),
+        })
+    }
+
+    /// A tool's `parameters` table as a JSON Schema object (`None` after reporting why not), and
+    /// the argument names.
+    fn tool_parameters(&mut self, t: &RawTool) -> (Option<serde_json::Value>, Vec<String>) {
+        let mut properties = serde_json::Map::new();
+        let mut required = Vec::new();
+        let mut names = Vec::new();
+        let mut ok = true;
+        if let Some(table) = &t.parameters {
+            for (pname, spec) in table.get_ref() {
+                let at = table.span();
+                let Some(spec) = spec.as_table() else {
+                    self.d.at(
+                        &at,
+                        format!(
+                            "parameter \"{pname}\" must be a table like {{ type = \"string\", \
+                             description = \"...\" }}"
+                        ),
+                    );
+                    ok = false;
+                    continue;
+                };
+                let mut schema = serde_json::Map::new();
+                let mut optional = false;
+                for (key, value) in spec {
+                    match (key.as_str(), value) {
+                        ("type", toml::Value::String(ty))
+                            if ["string", "integer", "number", "boolean"]
+                                .contains(&ty.as_str()) =>
+                        {
+                            schema.insert("type".into(), serde_json::Value::String(ty.clone()));
+                        }
+                        ("type", other) => {
+                            self.d.at(
+                                &at,
+                                format!(
+                                    "parameter \"{pname}\" has type {other}; write \"string\", \
+                                     \"integer\", \"number\" or \"boolean\""
+                                ),
+                            );
+                            ok = false;
+                        }
+                        ("description", toml::Value::String(d)) => {
+                            schema
+                                .insert("description".into(), serde_json::Value::String(d.clone()));
+                        }
+                        ("optional", toml::Value::Boolean(b)) => optional = *b,
+                        (other, _) => {
+                            self.d.at(
+                                &at,
+                                format!(
+                                    "parameter \"{pname}\" has an unknown key `{other}`; the keys \
+                                     are type, description and optional"
+                                ),
+                            );
+                            ok = false;
+                        }
+                    }
+                }
+                if !schema.contains_key("type") {
+                    self.d.at(
+                        &at,
+                        format!("parameter \"{pname}\" has no type; add type = \"string\""),
+                    );
+                    ok = false;
+                }
+                if !optional {
+                    required.push(serde_json::Value::String(pname.clone()));
+                }
+                names.push(pname.clone());
+                properties.insert(pname.clone(), serde_json::Value::Object(schema));
+            }
+        }
+        let schema = ok.then(|| {
+            serde_json::json!({
+                "type": "object",
+                "properties": properties,
+                "required": required,
+                "additionalProperties": false,
+            })
+        });
+        (schema, names)
+    }
+
+    /// `[sandbox]`: on unless explicitly off; limits parsed.
+    fn sandbox(&mut self, raw: Option<RawSandbox>) -> Option<SandboxSettings> {
+        let mut out = SandboxSettings::default();
+        let Some(raw) = raw else {
+            return Some(out);
+        };
+        let mut ok = true;
+        if let Some(mode) = &raw.mode {
+            match mode.get_ref().as_str() {
+                "on" => {}
+                "off" => out.enabled = false,
+                other => {
+                    self.d.at(
+                        &mode.span(),
+                        format!("sandbox mode is \"{other}\"; write \"on\" or \"off\""),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        if let Some(w) = raw.writable {
+            for dir in w {
+                let text = dir.get_ref();
+                if !(text.starts_with('/') || text.starts_with("~/")) {
+                    self.d.at(
+                        &dir.span(),
+                        format!(
+                            "sandbox writable \"{text}\" must be an absolute path or start with \
+                             \"~/\""
+                        ),
+                    );
+                    ok = false;
+                } else {
+                    out.writable.push(text.clone());
+                }
+            }
+        }
+        if let Some(env) = raw.env {
+            for v in env {
+                let n = v.get_ref();
+                if n.is_empty() || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                    self.d.at(
+                        &v.span(),
+                        format!("\"{n}\" is not an environment variable name"),
+                    );
+                    ok = false;
+                } else {
+                    out.env.push(n.clone());
+                }
+            }
+        }
+        if let Some(m) = &raw.memory {
+            match parse_bytes(m.get_ref()) {
+                Some(b) if b >= 16 << 20 => out.memory_bytes = b,
+                _ => {
+                    self.d.at(
+                        &m.span(),
+                        format!(
+                            "sandbox memory is \"{}\"; write a size of at least 16MiB like \
+                             \"512MiB\" or \"4GiB\"",
+                            m.get_ref()
+                        ),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        for (what, value, slot) in [
+            ("processes", &raw.processes, &mut out.processes),
+            ("open_files", &raw.open_files, &mut out.open_files),
+        ] {
+            if let Some(v) = value {
+                if *v.get_ref() < 8 {
+                    self.d.at(
+                        &v.span(),
+                        format!("sandbox {what} is {}; allow at least 8", v.get_ref()),
+                    );
+                    ok = false;
+                } else {
+                    *slot = *v.get_ref();
+                }
+            }
+        }
+        if let Some(t) = &raw.cpu_time {
+            match self.duration("sandbox cpu_time", t) {
+                Some(ms) => out.cpu_ms = Some(ms),
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
     }
 
     fn task(&mut self, raw: RawTask) -> Option<Task> {
@@ -223,10 +644,25 @@ impl Validator<'_, '_> {
                 }
             },
         };
+        let mut require = Vec::new();
+        for class in raw.require.unwrap_or_default() {
+            let c = reversibility(*class.get_ref());
+            if c == Reversibility::ReadOnly {
+                self.d.at(
+                    &class.span(),
+                    "approval for read_only calls would stop every read; list reversible, \
+                     compensatable or irreversible",
+                );
+                ok = false;
+            } else if !require.contains(&c) {
+                require.push(c);
+            }
+        }
         ok.then(|| ApprovalPolicy {
             notify: raw.notify.map(Spanned::into_inner),
             expires_ms,
             block_on_expiry,
+            require,
         })
     }
 
@@ -408,9 +844,13 @@ impl Validator<'_, '_> {
         let writable = self.globs("writable", raw.writable.unwrap_or_default(), path_glob);
         let forbidden = self.globs("forbidden", raw.forbidden.unwrap_or_default(), path_glob);
         let commands = self.globs("commands", raw.commands.unwrap_or_default(), command_glob);
-        let (writable, forbidden, commands) = (writable?, forbidden?, commands?);
+        let http = self.http_rules(raw.http.unwrap_or_default());
+        let (writable, forbidden, commands, http) = (writable?, forbidden?, commands?, http?);
         match Scope::from_globs(writable, forbidden, commands, raw.network.unwrap_or(false)) {
-            Ok(scope) => Some(scope),
+            Ok(mut scope) => {
+                scope.http = http;
+                Some(scope)
+            }
             Err(e) => {
                 // Every glob compiled on its own, so this is a limit of the matcher.
                 self.d.document(format!(
@@ -419,6 +859,56 @@ impl Validator<'_, '_> {
                 None
             }
         }
+    }
+
+    fn http_rules(&mut self, raw: Vec<Spanned<RawHttpRule>>) -> Option<Vec<HttpRule>> {
+        let mut out = Vec::new();
+        let mut ok = true;
+        for rule in raw {
+            let span = rule.span();
+            let r = rule.into_inner();
+            let host = r.host.trim().to_ascii_lowercase();
+            let bare = host.strip_prefix("*.").unwrap_or(&host);
+            if bare.is_empty()
+                || bare.contains('*')
+                || bare.contains('/')
+                || bare.contains(':') && !bare.starts_with('[')
+            {
+                self.d.at(
+                    &span,
+                    format!(
+                        "http host \"{}\" is not a host name; write \"api.example.com\", \
+                         \"*.example.com\" or an IP address, and the port in `port`",
+                        r.host
+                    ),
+                );
+                ok = false;
+                continue;
+            }
+            let methods = r.methods.unwrap_or_else(|| vec!["GET".into()]);
+            let mut upper = Vec::new();
+            for m in methods {
+                let u = m.to_ascii_uppercase();
+                if ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"].contains(&u.as_str()) {
+                    upper.push(u);
+                } else {
+                    self.d.at(
+                        &span,
+                        format!(
+                            "http method \"{m}\" is not one keel sends; use GET, HEAD, POST, PUT, \
+                             PATCH or DELETE"
+                        ),
+                    );
+                    ok = false;
+                }
+            }
+            out.push(HttpRule {
+                host,
+                port: r.port,
+                methods: upper,
+            });
+        }
+        ok.then_some(out)
     }
 
     fn globs(
@@ -638,6 +1128,12 @@ impl Validator<'_, '_> {
                     name: phase.get_ref().name.get_ref().clone(),
                     kind,
                     gate,
+                    secrets: phase
+                        .get_ref()
+                        .secrets
+                        .as_ref()
+                        .map(|s| s.get_ref().clone())
+                        .unwrap_or_default(),
                     approval: phase
                         .get_ref()
                         .approval
@@ -695,15 +1191,19 @@ impl Validator<'_, '_> {
     /// version of keel cannot run are refused here, each at its own key.
     fn phase_kind(&mut self, header: Range<usize>, phase: &RawPhase) -> Option<PhaseKind> {
         let mut ok = true;
-        if let Some(secrets) = &phase.secrets
-            && !secrets.get_ref().is_empty()
-        {
-            self.d.at(
-                &secrets.span(),
-                "secrets are not supported yet: this version of keel passes no secrets to \
-                 commands; remove `secrets`",
-            );
-            ok = false;
+        if let Some(secrets) = &phase.secrets {
+            for n in secrets.get_ref() {
+                if n.is_empty() || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                    self.d.at(
+                        &secrets.span(),
+                        format!(
+                            "secret name \"{n}\" must be an environment variable name (letters, \
+                             digits and `_`)"
+                        ),
+                    );
+                    ok = false;
+                }
+            }
         }
         if let Some(class) = &phase.reversibility
             && !matches!(
@@ -817,7 +1317,7 @@ impl Validator<'_, '_> {
     fn agent_tools(&mut self, phase: &RawPhase) -> Option<Vec<String>> {
         let Some(tools) = &phase.tools else {
             return Some(
-                crate::tools::BUILTIN
+                crate::tools::DEFAULT
                     .iter()
                     .map(|t| t.to_string())
                     .collect(),
@@ -827,29 +1327,30 @@ impl Validator<'_, '_> {
         let mut ok = true;
         for tool in tools.get_ref() {
             let name = tool.get_ref();
-            if crate::tools::NOT_YET.contains(&name.as_str()) {
-                self.d.at(
-                    &tool.span(),
-                    format!("the `{name}` tool is not supported yet; remove it from tools"),
-                );
-                ok = false;
-            } else if !crate::tools::BUILTIN.contains(&name.as_str()) {
-                self.d.at(
-                    &tool.span(),
-                    format!(
-                        "there is no tool \"{name}\"; the tools are {}",
-                        quoted(&crate::tools::BUILTIN)
-                    ),
-                );
-                ok = false;
-            } else if out.contains(name) {
+            let known =
+                crate::tools::BUILTIN.contains(&name.as_str()) || self.tool_names.contains(name);
+            if known && out.contains(name) {
                 self.d.at(
                     &tool.span(),
                     format!("tool \"{name}\" is listed twice; list it once"),
                 );
                 ok = false;
-            } else {
+            } else if known {
                 out.push(name.clone());
+            } else {
+                self.d.at(
+                    &tool.span(),
+                    format!(
+                        "there is no tool \"{name}\"; the tools are {}{}",
+                        quoted(&crate::tools::BUILTIN),
+                        if self.tool_names.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" and the contract's {}", self.tool_names.join(", "))
+                        }
+                    ),
+                );
+                ok = false;
             }
         }
         if ok && !out.iter().any(|t| t == "finish") {
@@ -1076,4 +1577,32 @@ fn quoted(names: &[&str]) -> String {
         .map(|n| format!("\"{n}\""))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+fn reversibility(raw: RawReversibility) -> Reversibility {
+    match raw {
+        RawReversibility::ReadOnly => Reversibility::ReadOnly,
+        RawReversibility::Reversible => Reversibility::Reversible,
+        RawReversibility::Compensatable => Reversibility::Compensatable,
+        RawReversibility::Irreversible => Reversibility::Irreversible,
+    }
+}
+
+/// "512MiB", "4GiB", "100MB", "1048576" → bytes.
+fn parse_bytes(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        _ => return None,
+    };
+    n.checked_mul(mult)
 }

@@ -1,0 +1,439 @@
+//! The helper's two stages (see the crate documentation).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nix::errno::Errno;
+use nix::mount::{MsFlags, mount};
+use nix::sched::{CloneFlags, unshare};
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{Pid, getgid, getuid};
+use serde::{Deserialize, Serialize};
+
+use crate::error::SandboxError;
+use crate::{
+    MESSAGE_PREFIX, REFUSED_EXIT_CODE, REQUEST_VAR, Request, STAGE1_MARKER, STAGE2_MARKER, cgroup,
+    check_policy, rules,
+};
+
+/// What stage 1 hands to stage 2.
+#[derive(Debug, Serialize, Deserialize)]
+struct Stage2 {
+    request: Request,
+    /// Stage 1's pid (in the caller's pid namespace).
+    parent: u32,
+    /// The pids cgroup to join, as root.
+    cgroup: Option<PathBuf>,
+    /// More writable places stage 1 made (the private `/dev/shm`).
+    extra_writable: Vec<PathBuf>,
+}
+
+/// Call first thing in `main`, before any thread is started. If this process is the sandbox
+/// helper (`argv[1]` is `__keel-sandbox` or its second stage), it never returns: it applies the
+/// policy and becomes the command, or writes `keel-sandbox: <why>` to stderr and exits
+/// [`REFUSED_EXIT_CODE`] (125). Otherwise it returns at once.
+pub fn enter_if_helper() {
+    let mut args = std::env::args_os();
+    let _ = args.next();
+    match args.next() {
+        Some(a) if a == STAGE1_MARKER => stage1(),
+        Some(a) if a == STAGE2_MARKER => stage2(),
+        _ => {}
+    }
+}
+
+fn read_env<T: for<'de> Deserialize<'de>>() -> Result<T, SandboxError> {
+    let json = std::env::var(REQUEST_VAR)
+        .map_err(|e| SandboxError::BadRequest(format!("{REQUEST_VAR}: {e}")))?;
+    serde_json::from_str(&json).map_err(|e| SandboxError::BadRequest(e.to_string()))
+}
+
+/// Says why the command did not run, on stderr and in the report file, and exits 125.
+fn refuse(report: Option<&mut File>, err: &SandboxError) -> ! {
+    let message = err.to_string();
+    eprintln!("{MESSAGE_PREFIX}{message}");
+    if let Some(file) = report {
+        let _ = file.write_all(message.as_bytes());
+    }
+    std::process::exit(REFUSED_EXIT_CODE)
+}
+
+fn open_report(request: &Request) -> Option<File> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(request.report_path())
+        .ok()
+}
+
+fn stage1() -> ! {
+    let request: Request = match read_env() {
+        Ok(r) => r,
+        Err(e) => refuse(None, &e),
+    };
+    let mut report = open_report(&request);
+    match run_stage1(&request) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => refuse(report.as_mut(), &e),
+    }
+}
+
+/// Removes the cgroup when stage 1 is done with it, whatever happened.
+struct CgroupGuard(Option<PathBuf>);
+
+impl Drop for CgroupGuard {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.0 {
+            cgroup::remove(dir);
+        }
+    }
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> SandboxError {
+    let what = what.into();
+    move |source| SandboxError::Io { what, source }
+}
+
+fn errno_io(what: impl Into<String>) -> impl FnOnce(Errno) -> SandboxError {
+    let what = what.into();
+    move |e| SandboxError::Io {
+        what,
+        source: std::io::Error::from(e),
+    }
+}
+
+fn run_stage1(request: &Request) -> Result<i32, SandboxError> {
+    let policy = &request.policy;
+    check_policy(policy)?;
+    if !policy.workspace.is_dir() {
+        return Err(SandboxError::InvalidPolicy(format!(
+            "the workspace {} is not a directory",
+            policy.workspace.display()
+        )));
+    }
+    for w in &policy.writable {
+        if !w.exists() {
+            return Err(SandboxError::InvalidPolicy(format!(
+                "the writable path {} does not exist",
+                w.display()
+            )));
+        }
+    }
+    let root = nix::unistd::geteuid().is_root();
+    let (uid, gid) = (getuid(), getgid());
+
+    let guard = CgroupGuard(match (root, policy.limits.processes) {
+        (true, Some(max)) => Some(cgroup::create(max, std::process::id())?),
+        _ => None,
+    });
+
+    // Blocked before stage 2 exists, so that no SIGCHLD or SIGTERM is lost; std clears the mask
+    // in the child it spawns.
+    let mut signals = SigSet::empty();
+    for s in [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+        Signal::SIGCHLD,
+    ] {
+        signals.add(s);
+    }
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&signals), None).map_err(errno_io("block signals"))?;
+
+    let mut flags = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWIPC;
+    if !policy.network {
+        flags |= CloneFlags::CLONE_NEWNET;
+    }
+    if !root {
+        flags |= CloneFlags::CLONE_NEWUSER;
+    }
+    unshare(flags).map_err(|source| SandboxError::Unshare {
+        what: format!("{flags:?}"),
+        source,
+    })?;
+    if !root {
+        // The caller's ids become 0 inside, so that stage 2 keeps its capabilities (in the new
+        // user namespace) across exec until it drops them itself.
+        fs::write("/proc/self/uid_map", format!("0 {uid} 1\n")).map_err(io("write uid_map"))?;
+        fs::write("/proc/self/setgroups", "deny").map_err(io("write setgroups"))?;
+        fs::write("/proc/self/gid_map", format!("0 {gid} 1\n")).map_err(io("write gid_map"))?;
+    }
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|source| SandboxError::Mount {
+        what: "make the mounts private".into(),
+        target: "/".into(),
+        source,
+    })?;
+
+    hide(request)?;
+
+    let mut extra_writable = Vec::new();
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir()
+        && mount(
+            Some("tmpfs"),
+            shm,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=1777"),
+        )
+        .is_ok()
+    {
+        extra_writable.push(shm.to_path_buf());
+    }
+
+    let stage2 = Stage2 {
+        request: request.clone(),
+        parent: std::process::id(),
+        cgroup: guard.0.clone(),
+        extra_writable,
+    };
+    let json = serde_json::to_string(&stage2).map_err(SandboxError::Serialize)?;
+    let exe = std::env::current_exe().map_err(io("find the helper's own executable"))?;
+    let child = Command::new(&exe)
+        .arg(STAGE2_MARKER)
+        .env_clear()
+        .env(REQUEST_VAR, json)
+        .spawn()
+        .map_err(io(format!(
+            "start the sandbox's second stage {}",
+            exe.display()
+        )))?;
+    let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+    let code = loop {
+        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => break code,
+            Ok(WaitStatus::Signaled(_, sig, _)) => break 128 + sig as i32,
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(e) => return Err(errno_io("wait for the sandboxed command")(e)),
+        }
+        match signals.wait() {
+            Ok(Signal::SIGCHLD) | Err(_) => {}
+            // The caller is ending the command: end everything in the sandbox now (stage 2 is
+            // PID 1 of the namespace; its death takes every other process there with it).
+            Ok(_) => {
+                let _ = kill(pid, Signal::SIGKILL);
+            }
+        }
+    };
+    drop(guard);
+    Ok(code)
+}
+
+/// Covers the hidden paths (in stage 1's new mount namespace).
+fn hide(request: &Request) -> Result<(), SandboxError> {
+    let cover = request.private.join("cover");
+    let mut cover_made = false;
+    let mount_err = |what: &str, target: &Path| {
+        let what = what.to_string();
+        let target = target.to_path_buf();
+        move |source| SandboxError::Mount {
+            what,
+            target,
+            source,
+        }
+    };
+    for path in &request.policy.hidden {
+        let meta = match fs::metadata(path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io(format!("look at the hidden path {}", path.display()))(e)),
+        };
+        if meta.is_dir() {
+            mount(
+                Some("tmpfs"),
+                path,
+                Some("tmpfs"),
+                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                Some("mode=000,size=4k"),
+            )
+            .map_err(mount_err("cover a hidden directory", path))?;
+        } else {
+            if !cover_made {
+                File::create(&cover).map_err(io("create the cover file"))?;
+                fs::set_permissions(&cover, fs::Permissions::from_mode(0o000))
+                    .map_err(io("make the cover file unreadable"))?;
+                cover_made = true;
+            }
+            mount(
+                Some(&cover),
+                path,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .map_err(mount_err("cover a hidden file", path))?;
+            mount(
+                None::<&str>,
+                path,
+                None::<&str>,
+                MsFlags::MS_REMOUNT
+                    | MsFlags::MS_BIND
+                    | MsFlags::MS_RDONLY
+                    | MsFlags::MS_NOSUID
+                    | MsFlags::MS_NODEV
+                    | MsFlags::MS_NOEXEC,
+                None::<&str>,
+            )
+            .map_err(mount_err("make a hidden file's cover read-only", path))?;
+        }
+    }
+    Ok(())
+}
+
+fn stage2() -> ! {
+    let stage: Stage2 = match read_env() {
+        Ok(s) => s,
+        Err(e) => refuse(None, &e),
+    };
+    let mut report = open_report(&stage.request);
+    match run_stage2(&stage) {
+        Ok(exec_error) => {
+            let program = stage
+                .request
+                .policy
+                .argv
+                .first()
+                .cloned()
+                .unwrap_or_default();
+            eprintln!("{MESSAGE_PREFIX}cannot execute {program}: {exec_error}");
+            let code = if exec_error.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            std::process::exit(code)
+        }
+        Err(e) => refuse(report.as_mut(), &e),
+    }
+}
+
+/// Becomes the command; returns only the error of `exec`.
+fn run_stage2(stage: &Stage2) -> Result<std::io::Error, SandboxError> {
+    let policy = &stage.request.policy;
+    if let Some(dir) = &stage.cgroup {
+        cgroup::join(dir)?;
+    }
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(|source| SandboxError::Prctl {
+        what: "the parent-death signal",
+        source,
+    })?;
+    // Stage 1 may have died before the line above: then nothing would kill us with it.
+    if !alive(stage.parent) {
+        return Err(SandboxError::BadRequest(
+            "the sandbox's first stage has already exited".into(),
+        ));
+    }
+    mount(
+        Some("proc"),
+        "/proc",
+        Some("proc"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .map_err(|source| SandboxError::Mount {
+        what: "mount a private /proc".into(),
+        target: "/proc".into(),
+        source,
+    })?;
+
+    set_limits(policy, stage.cgroup.is_none())?;
+
+    let mut writable = vec![policy.workspace.clone()];
+    writable.extend(policy.writable.iter().cloned());
+    writable.push(stage.request.tmp.clone());
+    writable.extend(stage.extra_writable.iter().cloned());
+    let ruleset = rules::build(&writable)?;
+
+    drop_capabilities()?;
+    nix::sys::prctl::set_no_new_privs().map_err(|source| SandboxError::Prctl {
+        what: "no_new_privs",
+        source,
+    })?;
+    rules::apply(ruleset)?;
+
+    let (program, args) = policy
+        .argv
+        .split_first()
+        .ok_or_else(|| SandboxError::InvalidPolicy("the command is empty".into()))?;
+    Ok(Command::new(program)
+        .args(args)
+        .env_clear()
+        .envs(policy.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&policy.workspace)
+        .exec())
+}
+
+/// Whether the process `pid` (in the caller's pid namespace, as the inherited `/proc` shows it)
+/// exists and is not a zombie.
+fn alive(pid: u32) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].trim_start().chars().next());
+    !matches!(state, None | Some('Z') | Some('X'))
+}
+
+fn set_limits(policy: &crate::Policy, nproc: bool) -> Result<(), SandboxError> {
+    let set = |what: &'static str, resource: Resource, soft: u64, hard: u64| {
+        let (_, current_hard) =
+            getrlimit(resource).map_err(|source| SandboxError::Rlimit { what, source })?;
+        let hard = hard.min(current_hard);
+        setrlimit(resource, soft.min(hard), hard)
+            .map_err(|source| SandboxError::Rlimit { what, source })
+    };
+    let limits = &policy.limits;
+    if let Some(cpu) = limits.cpu_seconds {
+        set("CPU time", Resource::RLIMIT_CPU, cpu, cpu.saturating_add(1))?;
+    }
+    if let Some(bytes) = limits.memory_bytes {
+        set("memory (address space)", Resource::RLIMIT_AS, bytes, bytes)?;
+    }
+    if let Some(files) = limits.open_files {
+        set("open files", Resource::RLIMIT_NOFILE, files, files)?;
+    }
+    if nproc && let Some(n) = limits.processes {
+        set("process", Resource::RLIMIT_NPROC, n, n)?;
+    }
+    Ok(())
+}
+
+fn drop_capabilities() -> Result<(), SandboxError> {
+    use caps::CapSet;
+    let err = |set: &str, e: caps::errors::CapsError| {
+        SandboxError::Capabilities(format!("{set} set: {e}"))
+    };
+    if caps::runtime::ambient_set_supported().is_ok() {
+        caps::clear(None, CapSet::Ambient).map_err(|e| err("ambient", e))?;
+    }
+    caps::clear(None, CapSet::Bounding).map_err(|e| err("bounding", e))?;
+    for (name, set) in [
+        ("inheritable", CapSet::Inheritable),
+        ("effective", CapSet::Effective),
+        ("permitted", CapSet::Permitted),
+    ] {
+        caps::clear(None, set).map_err(|e| err(name, e))?;
+    }
+    let left = caps::read(None, CapSet::Permitted).map_err(|e| err("permitted", e))?;
+    if !left.is_empty() {
+        return Err(SandboxError::Capabilities(format!(
+            "still permitted: {left:?}"
+        )));
+    }
+    Ok(())
+}

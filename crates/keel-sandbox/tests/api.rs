@@ -1,0 +1,92 @@
+//! probe(), refusals, exit statuses.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{Fixture, LONG, run};
+use keel_sandbox::{MESSAGE_PREFIX, ProcessLimit, REFUSED_EXIT_CODE, probe};
+
+#[test]
+fn probe_reports_what_this_machine_enforces() {
+    let support = probe().unwrap();
+    assert!(
+        support.landlock_abi >= keel_sandbox::MIN_LANDLOCK_ABI,
+        "{support:?}"
+    );
+    // The test machine runs as root, with a writable pids cgroup.
+    assert!(!support.user_namespace, "{support:?}");
+    assert!(
+        matches!(
+            support.process_limit,
+            Some(ProcessLimit::CgroupV1(_) | ProcessLimit::CgroupV2(_))
+        ),
+        "{support:?}"
+    );
+    let f = Fixture::new();
+    support.check(&f.sh("true")).unwrap();
+}
+
+#[test]
+fn a_refusal_is_told_apart_from_a_command_that_exits_125() {
+    let f = Fixture::new();
+    let mut policy = f.sh("echo should-not-run");
+    policy.workspace = f.root.path().join("does-not-exist");
+    let ran = run(&policy, LONG);
+    assert_eq!(ran.code, REFUSED_EXIT_CODE, "{ran:?}");
+    assert!(ran.stderr.starts_with(MESSAGE_PREFIX), "{ran:?}");
+    assert!(ran.stderr.contains("did not run"), "{ran:?}");
+    assert!(!ran.stdout.contains("should-not-run"));
+    let refusal = ran.refusal.unwrap();
+    assert!(refusal.contains("does-not-exist"), "{refusal}");
+
+    let ran = run(&f.sh("exit 125"), LONG);
+    assert_eq!(ran.code, 125);
+    assert_eq!(ran.refusal, None);
+}
+
+#[test]
+fn a_missing_writable_path_is_refused_before_anything_runs() {
+    let f = Fixture::new();
+    let mut policy = f.sh("touch ran");
+    policy.writable = vec![f.root.path().join("nope")];
+    let ran = run(&policy, LONG);
+    assert_eq!(ran.code, REFUSED_EXIT_CODE, "{ran:?}");
+    assert!(ran.refusal.is_some());
+    assert!(!f.ws.join("ran").exists());
+}
+
+#[test]
+fn invalid_policies_are_refused_by_command() {
+    let f = Fixture::new();
+    let mut policy = f.sh("true");
+    policy.argv.clear();
+    assert!(common::sandbox().command(&policy).is_err());
+    let mut policy = f.sh("true");
+    policy.workspace = "relative".into();
+    let err = common::sandbox().command(&policy).unwrap_err();
+    assert!(err.to_string().contains("not an absolute path"), "{err}");
+}
+
+#[test]
+fn exit_codes_and_signals_pass_through() {
+    let f = Fixture::new();
+    assert_eq!(run(&f.sh("exit 3"), LONG).code, 3);
+    // The command is PID 1: it has a handler-less SIGTERM ignored, but a signal sent with a
+    // handler-independent default (SIGKILL) from inside works; a child killed shows up normally.
+    let ran = run(&f.sh("sh -c 'kill -9 $$'; echo child=$?"), LONG);
+    assert!(ran.stdout.contains("child=137"), "{ran:?}");
+    let ran = run(&f.policy(vec!["no-such-program-xyz".into()]), LONG);
+    assert_eq!(ran.code, 127, "{ran:?}");
+    assert!(ran.stderr.starts_with(MESSAGE_PREFIX), "{ran:?}");
+    assert_eq!(ran.refusal, None);
+}
+
+#[test]
+fn the_private_tmp_is_removed_on_drop() {
+    let f = Fixture::new();
+    let (_cmd, tmp) = common::sandbox().command(&f.sh("true")).unwrap();
+    let path = tmp.path().to_path_buf();
+    assert!(path.is_dir());
+    drop(tmp);
+    assert!(!path.exists());
+}

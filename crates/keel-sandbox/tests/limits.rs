@@ -1,0 +1,184 @@
+//! Resource limits, and the caller's timeout ending everything the command started.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Fixture, LONG, python, run, run_with, unique, wait_gone};
+
+#[test]
+fn the_process_limit_stops_forks() {
+    let f = Fixture::new();
+    let script = "
+import os, time
+children = 0
+for i in range(200):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        print('fork refused', e.errno)
+        break
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    children += 1
+print('children', children)
+";
+    let mut policy = f.policy(vec![python(), "-c".into(), script.into()]);
+    policy.limits.processes = Some(32);
+    let ran = run(&policy, LONG);
+    assert_eq!(ran.code, 0, "{ran:?}");
+    // EAGAIN (11) before 32 tasks: python itself counts, so at most 31 children.
+    assert!(ran.stdout.contains("fork refused 11"), "{ran:?}");
+    let children: u32 = ran
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("children "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..32).contains(&children), "{ran:?}");
+    // The sleeping children died with the command (PID 1 of their namespace).
+}
+
+#[test]
+fn a_fork_bomb_is_contained_and_the_timeout_ends_it() {
+    let f = Fixture::new();
+    let marker = unique("keel-bomb");
+    let mut policy = f.policy(vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        "bomb() { bomb | bomb & }; (bomb) & exec sleep 600".into(),
+        marker.clone(),
+    ]);
+    policy.limits.processes = Some(32);
+    // The first shell forks once, before the bomb starts, then execs `sleep`: it is still there
+    // at the timeout whatever the bomb does to the process count.
+    let ran = run(&policy, Duration::from_secs(3));
+    assert!(ran.timed_out, "{ran:?}");
+    let left = wait_gone(&marker, Duration::from_secs(30));
+    assert!(left.is_empty(), "survivors: {left:?}");
+}
+
+#[test]
+fn a_memory_hog_fails() {
+    let f = Fixture::new();
+    let mut policy = f.policy(vec![
+        python(),
+        "-c".into(),
+        "b = bytearray(2**31)\nprint('allocated', len(b))".into(),
+    ]);
+    policy.limits.memory_bytes = Some(512 << 20);
+    let ran = run(&policy, LONG);
+    assert_ne!(ran.code, 0, "{ran:?}");
+    assert!(ran.stderr.contains("MemoryError"), "{ran:?}");
+    assert!(!ran.stdout.contains("allocated"), "{ran:?}");
+}
+
+#[test]
+fn the_cpu_limit_kills_a_busy_loop() {
+    let f = Fixture::new();
+    // The command itself is PID 1 of its namespace, for which the kernel drops SIGXCPU (no
+    // handler): it dies by SIGKILL at the hard limit, one second later.
+    let mut policy = f.policy(vec![python(), "-c".into(), "while True: pass".into()]);
+    policy.limits.cpu_seconds = Some(1);
+    let ran = run(&policy, LONG);
+    assert!(!ran.timed_out, "{ran:?}");
+    assert_eq!(ran.code, 128 + 9, "{ran:?}");
+    // Its children get SIGXCPU (24) at the soft limit.
+    let mut policy = f.sh(&format!("{} -c 'while True: pass'; echo rc=$?", python()));
+    policy.limits.cpu_seconds = Some(1);
+    let ran = run(&policy, LONG);
+    assert!(ran.stdout.contains(&format!("rc={}", 128 + 24)), "{ran:?}");
+}
+
+#[test]
+fn the_open_files_limit_applies() {
+    let f = Fixture::new();
+    let mut policy = f.sh("ulimit -n");
+    policy.limits.open_files = Some(77);
+    let ran = run(&policy, LONG);
+    assert_eq!(ran.code, 0, "{ran:?}");
+    assert_eq!(ran.stdout.trim(), "77");
+}
+
+/// The command ignores SIGTERM and starts a grandchild that leaves the process group and the
+/// session (setsid), ignores SIGTERM too, and would create a marker file later. The caller's
+/// timeout (SIGTERM to the helper's group, SIGKILL after the grace period) ends them all: the
+/// marker never appears and no process is left.
+#[test]
+fn the_timeout_kills_everything_even_setsid_grandchildren_that_ignore_sigterm() {
+    let f = Fixture::new();
+    let marker = unique("keel-survivor");
+    let script = format!(
+        "trap '' TERM
+         setsid sh -c 'trap \"\" TERM; echo started > gc-started; sleep 4; touch marker-file' {marker} &
+         sleep 600"
+    );
+    let policy = f.policy(vec!["/bin/sh".into(), "-c".into(), script, marker.clone()]);
+    let ran = run_with(&policy, Duration::from_secs(1), |ws| {
+        // Start the timeout clock once the grandchild is surely running.
+        let deadline = Instant::now() + LONG;
+        while !ws.join("gc-started").exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    assert!(ran.timed_out, "{ran:?}");
+    assert!(f.ws.join("gc-started").exists(), "{ran:?}");
+    let left = wait_gone(&marker, Duration::from_secs(30));
+    assert!(left.is_empty(), "survivors: {left:?}");
+    // Well past the time the grandchild would have touched the marker.
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(!f.ws.join("marker-file").exists());
+}
+
+/// SIGKILL of the helper alone (as when keel itself is killed and PDEATHSIG fires) ends the
+/// command too: the second stage has PDEATHSIG, and the command is PID 1 of its namespace.
+#[test]
+fn killing_the_helper_alone_kills_the_command() {
+    let f = Fixture::new();
+    let marker = unique("keel-orphan");
+    let script = format!(
+        "setsid sh -c 'trap \"\" TERM; sleep 4; touch marker-file' {marker} &
+         echo up > up; sleep 600"
+    );
+    let policy = f.policy(vec!["/bin/sh".into(), "-c".into(), script, marker.clone()]);
+    let (mut cmd, _tmp) = common::sandbox().command(&policy).unwrap();
+    let mut child = cmd.spawn().unwrap();
+    let deadline = Instant::now() + LONG;
+    while !f.ws.join("up").exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(f.ws.join("up").exists());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let left = wait_gone(&marker, Duration::from_secs(30));
+    assert!(left.is_empty(), "survivors: {left:?}");
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(!f.ws.join("marker-file").exists());
+}
+
+#[test]
+fn the_per_command_cgroup_is_removed_when_the_command_ends() {
+    let f = Fixture::new();
+    let mut policy = f.sh("cat /proc/self/cgroup");
+    policy.limits.processes = Some(8);
+    let (mut cmd, _tmp) = common::sandbox().command(&policy).unwrap();
+    let out = cmd.stderr(std::process::Stdio::piped()).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let cgroups = String::from_utf8(out.stdout).unwrap();
+    let line = cgroups
+        .lines()
+        .find(|l| l.contains("keel-"))
+        .unwrap_or_else(|| panic!("not in a keel cgroup: {cgroups}"));
+    let name = line.rsplit('/').next().unwrap();
+    let gone = [
+        "/sys/fs/cgroup/pids",
+        "/sys/fs/cgroup/unified",
+        "/sys/fs/cgroup",
+    ]
+    .iter()
+    .all(|base| !std::path::Path::new(base).join(name).exists());
+    assert!(gone, "{name} is still there");
+}
