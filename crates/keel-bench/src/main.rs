@@ -66,6 +66,7 @@ fn options() -> Result<Options> {
 }
 
 fn main() -> Result<()> {
+    keel_engine::sandbox_main();
     let o = options()?;
     let capped = scenario(o.steps, o.context_tokens)?;
     let uncapped = scenario(o.steps, UNCAPPED_CONTEXT_TOKENS)?;

@@ -191,6 +191,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Before anything else (threads, arguments): this process may be keel's sandbox helper.
+    keel_engine::sandbox_main();
     let cli = Cli::parse();
     match dispatch(cli) {
         Ok(code) => ExitCode::from(code),

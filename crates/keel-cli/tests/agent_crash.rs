@@ -71,6 +71,10 @@ script = "{}"
 [scope]
 writable = ["src/**"]
 
+# `run` calls count themselves in a marker beside the script, outside the workspace.
+[sandbox]
+writable = ["{dir}"]
+
 [budget]
 steps = 40
 same_error = 20
@@ -91,7 +95,8 @@ kind = "agent"
 objective = "Write a, b and c into src/a.txt, src/b.txt and src/c.txt, then finish."
 done_when = []
 "#,
-        script_path.display()
+        script_path.display(),
+        dir = script_path.parent().unwrap().display()
     )
 }
 
@@ -480,6 +485,10 @@ command = "sh {}"
 [scope]
 writable = ["src/**"]
 
+# The delegate counts its invocations in a file beside it, outside the workspace.
+[sandbox]
+writable = ["{}"]
+
 [budget]
 steps = 10
 
@@ -494,7 +503,8 @@ kind = "agent"
 objective = "Write 42 into src/answer.txt."
 done_when = []
 "#,
-        program.display()
+        program.display(),
+        dir.display()
     );
     (contract, marker)
 }

@@ -21,7 +21,7 @@ fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
 const GOAL: &str = "src/answer.txt holds the answer to everything, 42.";
 const OBJECTIVE: &str = "Compute the answer and write it to src/answer.txt.";
 
-fn contract() -> String {
+fn contract(out: &Path) -> String {
     format!(
         r#"
 [task]
@@ -35,6 +35,10 @@ command = "sh delegate.sh"
 [scope]
 writable = ["src/**"]
 forbidden = ["src/secret.txt"]
+
+# The stand-in agent keeps its notes outside the workspace.
+[sandbox]
+writable = ["{out}"]
 
 [budget]
 steps = 10
@@ -50,7 +54,8 @@ name = "solve"
 kind = "agent"
 objective = "{OBJECTIVE}"
 done_when = []
-"#
+"#,
+        out = out.display()
     )
 }
 
@@ -82,8 +87,8 @@ esac
 }
 
 fn setup(cases: &str) -> (Fixture, tempfile::TempDir) {
-    let f = Fixture::new(&contract());
     let out = tempfile::tempdir().unwrap();
+    let f = Fixture::new(&contract(out.path()));
     std::fs::create_dir_all(f.path("src")).unwrap();
     std::fs::write(f.path("src/secret.txt"), "original secret\n").unwrap();
     git(f.root(), &["add", "src"]);

@@ -195,7 +195,12 @@ fn the_same_failing_action_stops_on_same_error_and_unblocking_shows_the_rejected
         "n=$(cat {c} 2>/dev/null || echo 0); n=$((n + 1)); echo $n > {c}; echo \"attempt $n: connection refused\"; exit 3"
     );
     let script = [run(&cmd), run(&cmd), run(&cmd), done(), run(&cmd)];
-    let f = fixture("", &script);
+    // The counter lives outside the workspace, where commands may write only when allowed.
+    let sandbox = format!(
+        "\n[sandbox]\nwritable = [\"{}\"]\n",
+        counter.path().display()
+    );
+    let f = fixture(&sandbox, &script);
     let (id, out) = f.start(&[]);
     assert_eq!(out.status.code(), Some(4), "{}", f.explain(&out));
     let rejected = assert_loop(&f, &id, "same_error", 3);

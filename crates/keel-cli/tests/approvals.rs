@@ -30,8 +30,13 @@ name = "publish"
 kind = "command"
 approval = true
 run = ["cp note.txt published.txt; echo published >> {}"]
+
+# The phase counts its executions in a marker outside the workspace.
+[sandbox]
+writable = ["{}"]
 "#,
-        marker.display()
+        marker.display(),
+        marker.parent().unwrap().display()
     )
 }
 

@@ -19,8 +19,9 @@ fn contract(budget: &str, verify: &str, steps: &[String]) -> String {
     format!(
         "[task]\ngoal = \"The budget test's files exist.\"\n\n[budget]\n{budget}\n\n\
          [[verify]]\nname = \"done\"\ntier = \"acceptance\"\nrun = '{verify}'\n\n\
-         [[phase]]\nname = \"work\"\nkind = \"command\"\nrun = [{}]\n",
-        run.join(", ")
+         [[phase]]\nname = \"work\"\nkind = \"command\"\nrun = [{}]\n{}",
+        run.join(", "),
+        common::outside_writable()
     )
 }
 

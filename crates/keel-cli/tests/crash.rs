@@ -65,7 +65,8 @@ name = "finish"
 kind = "command"
 run = ["echo 3.1 >> {m}; echo done > out/done.txt"]
 done_when = []
-"#
+{sandbox}"#,
+        sandbox = common::outside_writable()
     )
 }
 

@@ -154,6 +154,7 @@ fn contract(verifiers: &[(&str, &str, &str)], phases: &[(&str, &[&str])]) -> Str
             run.join(", ")
         ));
     }
+    text.push_str(&common::outside_writable());
     text
 }
 
@@ -661,7 +662,9 @@ fn no_cli_path_completes_a_run_whose_acceptance_verifier_fails() {
 #[test]
 fn in_sqlite_every_completed_run_has_passing_evidence_of_every_acceptance_verifier() {
     let outside = tempfile::tempdir().unwrap();
-    let flag = outside.path().join("flag");
+    // Not beside the store: a confined command cannot see the store's directory.
+    let flags = tempfile::tempdir().unwrap();
+    let flag = flags.path().join("flag");
     let store = outside.path().join("shared.db");
     let store_arg = store.display().to_string();
     let gated = format!("test -f {}", flag.display());

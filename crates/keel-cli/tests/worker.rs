@@ -34,7 +34,8 @@ run = [
   "echo b >> {m}; sleep 1; echo b > b.txt",
   "echo c >> {m}; sleep 1; echo c > c.txt",
 ]
-"#
+{sandbox}"#,
+        sandbox = common::outside_writable()
     )
 }
 

@@ -65,12 +65,14 @@ pub struct Contract {
     pub approvals: ApprovalPolicy,
     /// Contract-defined tools, in contract order.
     pub tools: Vec<ContractTool>,
+    /// MCP servers whose tools agent phases may list, in contract order.
+    pub mcp: Vec<McpServer>,
     pub sandbox: SandboxSettings,
 }
 
 impl Contract {
     /// Every secret name the contract mentions: the driver's `api_key = "secret:NAME"`, the
-    /// phases' and the tools' `secrets`. These are the values scrubbed from everything keel
+    /// phases', the tools' and the MCP servers' `secrets`. These are the values scrubbed from everything keel
     /// stores.
     pub fn secret_names(&self) -> Vec<String> {
         let mut names: Vec<String> = Vec::new();
@@ -84,6 +86,7 @@ impl Contract {
             .into_iter()
             .chain(self.phases.iter().flat_map(|p| p.secrets.iter().cloned()))
             .chain(self.tools.iter().flat_map(|t| t.secrets.iter().cloned()))
+            .chain(self.mcp.iter().flat_map(|m| m.secrets.iter().cloned()))
         {
             if !names.contains(&name) {
                 names.push(name);
@@ -96,6 +99,59 @@ impl Contract {
     pub fn tool(&self, name: &str) -> Option<&ContractTool> {
         self.tools.iter().find(|t| t.name == name)
     }
+
+    /// The MCP server called `name`.
+    pub fn mcp_server(&self, name: &str) -> Option<&McpServer> {
+        self.mcp.iter().find(|m| m.name == name)
+    }
+}
+
+/// How long one call of an MCP server's tool may take when the contract does not say: 2 minutes.
+pub const DEFAULT_MCP_TIMEOUT_MS: u64 = 2 * 60 * 1000;
+
+/// `[[mcp]]`: an MCP server whose tools agent phases may list as `server.tool` or `server.*`.
+/// Its tools are known only when keel connects to it, at run time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McpServer {
+    /// `[A-Za-z0-9_-]`, 1 to 64 characters; unique; not a built-in tool's name.
+    pub name: String,
+    pub source: McpSource,
+    /// Secrets a stdio server sees as environment variables.
+    pub secrets: Vec<String>,
+    /// The class of every call of its tools, except those listed in `read_only`.
+    pub reversibility: crate::agent::Reversibility,
+    /// Unqualified names of its tools that are read-only.
+    pub read_only: Vec<String>,
+    /// Every call of its tools waits for a person's approval.
+    pub approval: bool,
+    /// How long one call may take.
+    pub timeout_ms: u64,
+}
+
+impl McpServer {
+    /// The class of a call of its tool `tool` (unqualified): `read_only` when the contract lists
+    /// it so, else the server's class. The server's own annotations are not trusted to lower it.
+    pub fn class_of(&self, tool: &str) -> crate::agent::Reversibility {
+        if self.read_only.iter().any(|t| t == tool) {
+            crate::agent::Reversibility::ReadOnly
+        } else {
+            self.reversibility
+        }
+    }
+}
+
+/// How keel reaches an MCP server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum McpSource {
+    /// A child process speaking MCP on stdin/stdout, started in the workspace.
+    Stdio {
+        /// The program and its arguments (no shell).
+        command: Vec<String>,
+        /// Names of environment variables passed from keel's environment.
+        env: Vec<String>,
+    },
+    /// A streamable-HTTP endpoint (`http://` or `https://`).
+    Http { url: String },
 }
 
 /// A contract-defined tool: a command run without a shell, its argv filled from arguments
@@ -409,7 +465,8 @@ pub struct Phase {
 pub enum PhaseKind {
     /// Fixed shell commands, run in order; each may take at most `timeout_ms`.
     Command { run: Vec<String>, timeout_ms: u64 },
-    /// The driver chooses actions toward `objective`, using only `tools` (built-in names); a
+    /// The driver chooses actions toward `objective`, using only `tools` (built-in names,
+    /// contract tools, and MCP tools as `server.tool` or `server.*` for a declared server); a
     /// `run` call may take at most `timeout_ms` unless it asks for less.
     Agent {
         objective: String,

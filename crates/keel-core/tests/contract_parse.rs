@@ -5,10 +5,11 @@
 use std::fs;
 use std::path::Path;
 
+use keel_core::agent::Reversibility;
 use keel_core::budget::BudgetName;
 use keel_core::contract::{
-    Contract, ContractError, DEFAULT_LOCKFILES, DEFAULT_TIMEOUT_MS, Diagnostic, DriverKind,
-    PhaseKind, Tier,
+    Contract, ContractError, DEFAULT_LOCKFILES, DEFAULT_MCP_TIMEOUT_MS, DEFAULT_TIMEOUT_MS,
+    Diagnostic, DriverKind, McpServer, McpSource, PhaseKind, Tier,
 };
 
 fn fixture(name: &str) -> String {
@@ -152,7 +153,156 @@ fn maximal_contract_keeps_every_value() {
         }
     );
 
+    assert_eq!(
+        c.mcp,
+        [
+            McpServer {
+                name: "github".into(),
+                source: McpSource::Stdio {
+                    command: vec!["github-mcp-server".into(), "stdio".into()],
+                    env: vec!["GITHUB_HOST".into()],
+                },
+                secrets: vec!["GITHUB_TOKEN".into()],
+                reversibility: Reversibility::Irreversible,
+                read_only: vec!["get_issue".into(), "search_code".into()],
+                approval: true,
+                timeout_ms: 30_000,
+            },
+            McpServer {
+                name: "docs".into(),
+                source: McpSource::Http {
+                    url: "http://127.0.0.1:8080/mcp".into()
+                },
+                secrets: vec![],
+                reversibility: Reversibility::ReadOnly,
+                read_only: vec![],
+                approval: false,
+                timeout_ms: DEFAULT_MCP_TIMEOUT_MS,
+            },
+        ]
+    );
+    assert!(c.secret_names().contains(&"GITHUB_TOKEN".to_string()));
+    assert_eq!(c.mcp[0].class_of("get_issue"), Reversibility::ReadOnly);
+    assert_eq!(
+        c.mcp[0].class_of("create_issue"),
+        Reversibility::Irreversible
+    );
+    assert_eq!(c.mcp_server("docs").map(|m| m.timeout_ms), Some(120_000));
+
     assert_eq!(c.source, source);
+}
+
+const MCP_AGENT: &str = r#"[task]
+goal = "The issue is filed."
+
+[driver]
+kind = "script"
+script = "run.jsonl"
+
+[[verify]]
+name = "tests"
+tier = "acceptance"
+run = "cargo test"
+
+[[phase]]
+name = "work"
+kind = "agent"
+objective = "File it."
+tools = ["read", "finish", "gh.*", "docs.search"]
+
+[[mcp]]
+name = "gh"
+command = ["gh-mcp"]
+
+[[mcp]]
+name = "docs"
+url = "https://docs.example.com/mcp"
+"#;
+
+#[test]
+fn agent_phases_list_mcp_tools_by_server() {
+    let c = parse(MCP_AGENT);
+    match &c.phases[0].kind {
+        PhaseKind::Agent { tools, .. } => {
+            assert_eq!(tools, &["read", "finish", "gh.*", "docs.search"]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(c.mcp[0].timeout_ms, DEFAULT_MCP_TIMEOUT_MS);
+    assert_eq!(c.mcp[0].reversibility, Reversibility::Irreversible);
+    assert!(!c.mcp[0].approval);
+}
+
+#[test]
+fn mcp_servers_are_checked() {
+    let cases = [
+        (
+            MCP_AGENT.replace("\"docs.search\"", "\"docs.\""),
+            "names no tool; write \"docs.TOOL\"",
+        ),
+        (
+            MCP_AGENT.replace("name = \"gh\"", "name = \"run\""),
+            "\"run\" is a built-in tool; give the MCP server another name",
+        ),
+        (
+            MCP_AGENT.replace("https://docs", "ftp://docs"),
+            "is not an HTTP URL",
+        ),
+        (
+            MCP_AGENT.replace(
+                "url = \"https://docs.example.com/mcp\"",
+                "url = \"https://docs.example.com/mcp\"\nsecrets = [\"TOKEN\"]",
+            ),
+            "secrets is only for a server keel starts (command)",
+        ),
+        (
+            MCP_AGENT.replace("command = [\"gh-mcp\"]", "command = []"),
+            "command is empty",
+        ),
+        (
+            MCP_AGENT.replace(
+                "command = [\"gh-mcp\"]",
+                "command = [\"gh-mcp\"]\nenv = [\"1BAD\"]",
+            ),
+            "environment variable \"1BAD\" must be an environment variable name",
+        ),
+        (
+            MCP_AGENT.replace(
+                "command = [\"gh-mcp\"]",
+                "command = [\"gh-mcp\"]\nreversibility = \"compensatable\"",
+            ),
+            "cannot be compensatable",
+        ),
+        (
+            MCP_AGENT.replace(
+                "command = [\"gh-mcp\"]",
+                "command = [\"gh-mcp\"]\nread_only = [\"gh.get\"]",
+            ),
+            "write \"get\", not \"gh.get\"",
+        ),
+        (
+            MCP_AGENT.replace(
+                "command = [\"gh-mcp\"]",
+                "command = [\"gh-mcp\"]\ntimeout = \"soon\"",
+            ),
+            "the timeout of MCP server \"gh\" is \"soon\", which is not a duration",
+        ),
+        (
+            MCP_AGENT.replace("\"gh.*\"", "\"hub.*\""),
+            "there is no MCP server \"hub\"; the servers are gh, docs",
+        ),
+        (
+            MCP_AGENT.replace("\"read\", ", "\"gh\", "),
+            "or an MCP server's as \"server.tool\" or \"server.*\" (servers: gh, docs)",
+        ),
+    ];
+    for (source, fragment) in cases {
+        let e = refuse(&source);
+        assert!(
+            e.diagnostics.iter().any(|d| d.message.contains(fragment)),
+            "expected {fragment:?} in:\n{e}"
+        );
+    }
 }
 
 #[test]

@@ -104,6 +104,7 @@ impl Engine<'_> {
     /// Runs (or continues, after a crash) the agent step `id`.
     pub(crate) fn agent_step(&mut self, id: StepId) -> Result<(), EngineError> {
         let (objective, tool_names, timeout_ms) = self.agent_phase(id.phase);
+        let tool_names = self.mcp.expand(&tool_names);
         let specs: Vec<ToolSpec> = tool_names.iter().filter_map(|t| self.spec_of(t)).collect();
         if self.run.in_progress.is_none() {
             let mut bodies = Vec::new();
@@ -342,7 +343,7 @@ impl Engine<'_> {
     }
 
     /// The environment variables carrying `names`' secret values, resolved now.
-    fn secret_env(&self, names: &[String]) -> Result<Vec<(String, String)>, String> {
+    pub(crate) fn secret_env(&self, names: &[String]) -> Result<Vec<(String, String)>, String> {
         if names.is_empty() {
             return Ok(Vec::new());
         }
@@ -361,7 +362,9 @@ impl Engine<'_> {
 
     /// A built-in or contract-defined tool's specification.
     fn spec_of(&self, name: &str) -> Option<ToolSpec> {
-        tools::builtin(name).or_else(|| self.contract.tool(name).map(|t| t.spec()))
+        tools::builtin(name)
+            .or_else(|| self.contract.tool(name).map(|t| t.spec()))
+            .or_else(|| self.mcp.spec(name))
     }
 
     /// Records the policy decision on call `i` (and, for an allowed call with an external effect,
@@ -438,6 +441,9 @@ impl Engine<'_> {
             ),
             name => match self.contract.tool(name) {
                 Some(t) => shell_words(&t.argv(args, key)),
+                None if self.mcp.class(name).is_some() => {
+                    self.mcp.describe_call(name, &call.arguments)
+                }
                 None => format!("{name} {}", call.arguments),
             },
         }
@@ -540,6 +546,7 @@ impl Engine<'_> {
         };
         fault_point("model request recorded");
         let ctx = SendContext {
+            confinement: &self.env.confinement,
             workspace: &self.env.workspace,
             tmp: &self.env.tmp,
             run_id: &self.run.id,
@@ -557,7 +564,7 @@ impl Engine<'_> {
             }
         };
         fault_point("model replied");
-        let reply = driver
+        let mut reply = driver
             .parse(&exchange.response)
             .unwrap_or_else(|problem| ModelReply {
                 text: Some(format!("(keel could not read this reply: {problem})")),
@@ -565,6 +572,7 @@ impl Engine<'_> {
                 usage: Default::default(),
                 stop_reason: None,
             });
+        crate::mcp::unwire_calls(&mut reply, specs);
         let cost = driver.cost(reply.usage);
         let post_tree = if driver.edits_workspace() {
             Some(self.env.git.worktree_tree()?)
@@ -582,7 +590,14 @@ impl Engine<'_> {
             duration_ms: exchange.duration_ms,
             post_tree,
         }])?;
-        Ok(Some(reply))
+        // The reply as recorded (scrubbed of secrets): what a resume would read, so the calls
+        // made now and after a crash are the same.
+        Ok(self
+            .run
+            .in_progress
+            .as_ref()
+            .and_then(|p| p.reply.clone())
+            .or(Some(reply)))
     }
 
     /// The driver could not answer: the step ends failed and the run is blocked with why.
@@ -752,7 +767,8 @@ impl Engine<'_> {
                 );
             }
         }
-        let tool_approval = self.contract.tool(&call.name).is_some_and(|t| t.approval);
+        let tool_approval = self.contract.tool(&call.name).is_some_and(|t| t.approval)
+            || self.mcp.needs_approval(&call.name);
         if tool_approval || self.contract.approvals.require.contains(&class) {
             let why = if tool_approval {
                 format!("the contract says tool `{}` needs approval", call.name)
@@ -791,6 +807,7 @@ impl Engine<'_> {
             },
             name => match self.contract.tool(name) {
                 Some(t) => (t.reversibility, t.idempotency_key.is_some()),
+                None if let Some(class) = self.mcp.class(name) => (class, false),
                 None => (
                     tools::builtin(name).map_or(Reversibility::Irreversible, |s| s.reversibility),
                     false,
@@ -953,6 +970,18 @@ impl Engine<'_> {
             other if self.contract.tool(other).is_some() => {
                 return self.contract_tool(id, other, args, key, timeout_ms);
             }
+            other if self.mcp.class(other).is_some() => {
+                let timeout = self.command_timeout(self.mcp.timeout_ms(other), timeout_ms);
+                let made = self.mcp.make(other, args, timeout);
+                return Ok(Outcome {
+                    ok: made.ok,
+                    observation: made.observation,
+                    full: Some(made.full),
+                    changed: Vec::new(),
+                    error: made.error,
+                    extra: Vec::new(),
+                });
+            }
             other => {
                 return Ok(Outcome {
                     ok: false,
@@ -1015,7 +1044,13 @@ impl Engine<'_> {
             phase_timeout_ms,
         );
         let env = self.command_env(Some(id));
-        self.command_tool(process::Program::Shell(command), command, env, timeout)
+        self.command_tool(
+            process::Program::Shell(command),
+            command,
+            env,
+            timeout,
+            None,
+        )
     }
 
     /// A contract-defined tool: its argv filled from the arguments, run without a shell, with
@@ -1047,7 +1082,13 @@ impl Engine<'_> {
         }
         let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
         let label = shell_words(&argv);
-        self.command_tool(process::Program::Argv(&argv), &label, env, timeout)
+        self.command_tool(
+            process::Program::Argv(&argv),
+            &label,
+            env,
+            timeout,
+            tool.network,
+        )
     }
 
     /// Runs one command of a tool call and describes what came of it.
@@ -1057,11 +1098,14 @@ impl Engine<'_> {
         label: &str,
         env: Vec<(&str, String)>,
         timeout: Duration,
+        network: Option<bool>,
     ) -> Result<Outcome, EngineError> {
         let before = self.env.git.worktree_tree()?;
         let out = self.output_path("run");
         let outcome = self
-            .run_program(program, &env, &out, timeout, None)
+            .env
+            .confinement
+            .run(program, &env, &out, timeout, None, network)
             .map_err(|e| EngineError::io(&out, e))?;
         let full = std::fs::read(&out).unwrap_or_default();
         let _ = std::fs::remove_file(&out);

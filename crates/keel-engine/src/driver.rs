@@ -9,8 +9,6 @@ use keel_core::agent::{ModelReply, Prompt, ToolCall, ToolSpec, Usage};
 use keel_core::context::{Estimate, TokenCount};
 use serde::Deserialize;
 
-use crate::process::run_shell;
-
 /// What came back from one call of a driver.
 #[derive(Debug, Clone)]
 pub struct Exchange {
@@ -27,6 +25,9 @@ pub struct DriverError(pub String);
 
 /// Where a driver runs: the workspace, a place for temporary files, the run and step.
 pub struct SendContext<'a> {
+    /// How the run's commands are confined; a delegated program runs under it (with the
+    /// network, to reach its model).
+    pub confinement: &'a crate::process::Confinement,
     pub workspace: &'a Path,
     pub tmp: &'a Path,
     pub run_id: &'a str,
@@ -212,15 +213,21 @@ impl Driver for CommandDriver {
     }
 
     fn send(&mut self, request: &[u8], ctx: &SendContext<'_>) -> Result<Exchange, DriverError> {
-        let prompt_file = ctx
-            .tmp
-            .join(format!("{}-prompt-{}.md", ctx.run_id, ctx.call_no));
-        std::fs::write(&prompt_file, request).map_err(|e| {
-            DriverError(format!(
-                "cannot write the prompt to {}: {e}",
-                prompt_file.display()
-            ))
-        })?;
+        // Outside keel's store, which a confined program cannot see; readable by this user only.
+        let prompt = tempfile::Builder::new()
+            .prefix(&format!("keel-{}-prompt-{}-", ctx.run_id, ctx.call_no))
+            .suffix(".md")
+            .tempfile()
+            .and_then(|mut f| {
+                use std::io::Write;
+                f.write_all(request)?;
+                f.flush()?;
+                Ok(f)
+            })
+            .map_err(|e| {
+                DriverError(format!("cannot write the prompt to a temporary file: {e}"))
+            })?;
+        let prompt_file = prompt.path().to_path_buf();
         let out = ctx
             .tmp
             .join(format!("{}-delegate-{}.log", ctx.run_id, ctx.call_no));
@@ -230,8 +237,17 @@ impl Driver for CommandDriver {
             ("KEEL_RUN_ID", ctx.run_id.to_string()),
             ("KEEL_STEP", ctx.step.clone()),
         ];
-        let outcome =
-            run_shell(&self.command, ctx.workspace, &env, &out, self.timeout).map_err(|e| {
+        let outcome = ctx
+            .confinement
+            .run(
+                crate::process::Program::Shell(&self.command),
+                &env,
+                &out,
+                self.timeout,
+                None,
+                Some(true),
+            )
+            .map_err(|e| {
                 DriverError(format!(
                     "cannot run the driver command `{}`: {e}",
                     self.command
@@ -239,7 +255,7 @@ impl Driver for CommandDriver {
             })?;
         let text = std::fs::read(&out).unwrap_or_default();
         let _ = std::fs::remove_file(&out);
-        let _ = std::fs::remove_file(&prompt_file);
+        drop(prompt);
         let text = String::from_utf8_lossy(&text);
         let tail = keel_core::run::cut(
             text.get(text.len().saturating_sub(COMMAND_TAIL)..)

@@ -9,7 +9,6 @@ use keel_core::fingerprint::Fingerprint;
 use keel_git::Git;
 
 use crate::EngineError;
-use crate::process::run_shell;
 
 /// How long a contract's `fingerprint` command may take.
 const FINGERPRINT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -21,6 +20,8 @@ pub struct Environment {
     pub git: Git,
     pub workspace: PathBuf,
     pub tmp: PathBuf,
+    /// How the run's commands are confined (off until the contract is known).
+    pub confinement: crate::process::Confinement,
     git_version: Option<String>,
 }
 
@@ -28,6 +29,7 @@ impl Environment {
     pub fn new(git: Git, workspace: PathBuf, tmp: PathBuf) -> Environment {
         Environment {
             git,
+            confinement: crate::process::Confinement::off(&workspace),
             workspace,
             tmp,
             git_version: None,
@@ -73,7 +75,17 @@ impl Environment {
         let out = self
             .tmp
             .join(format!("fingerprint-{}.out", std::process::id()));
-        let outcome = run_shell(command, &self.workspace, &[], &out, FINGERPRINT_TIMEOUT)
+        // A fact query (a database's schema version, a tool's version): it may need the network.
+        let outcome = self
+            .confinement
+            .run(
+                crate::process::Program::Shell(command),
+                &[],
+                &out,
+                FINGERPRINT_TIMEOUT,
+                None,
+                Some(true),
+            )
             .map_err(|e| EngineError::io(&out, e))?;
         let bytes = std::fs::read(&out).map_err(|e| EngineError::io(&out, e))?;
         let _ = std::fs::remove_file(&out);

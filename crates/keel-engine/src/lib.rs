@@ -15,8 +15,11 @@ pub mod driver;
 mod environment;
 pub mod fault;
 mod llm_driver;
+mod mcp;
 mod process;
 pub mod secrets;
+
+pub use process::{sandbox_main, set_sandbox_helper};
 pub mod worker;
 
 use std::path::{Path, PathBuf};
@@ -225,6 +228,46 @@ pub struct Engine<'a> {
     lease_ttl_ms: i64,
     /// The contract's secret values known now: scrubbed from every event and artifact.
     scrubber: std::sync::Arc<keel_core::secret::Scrubber>,
+    /// The contract's MCP servers, connected when the engine is made.
+    mcp: mcp::McpTools,
+}
+
+/// The confinement of a run's commands from its contract; an error if the kernel cannot
+/// enforce it. keel's store directory and the secrets file are invisible to every command.
+fn confinement_for(
+    contract: &Contract,
+    env: &Environment,
+) -> Result<process::Confinement, EngineError> {
+    let store_dir = env.tmp.parent().unwrap_or(&env.workspace).to_path_buf();
+    let protect = [secrets_file_in(&store_dir), store_dir];
+    process::Confinement::new(
+        &contract.sandbox,
+        contract.scope.network,
+        &env.workspace,
+        &protect,
+    )
+    .map_err(EngineError::Usage)
+}
+
+/// Scrubs every string in `value` (map keys are names keel chose, not data); whether anything
+/// changed.
+fn scrub_strings(scrubber: &keel_core::secret::Scrubber, value: &mut serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::String(s) => match scrubber.scrub(s) {
+            std::borrow::Cow::Owned(clean) => {
+                *s = clean;
+                true
+            }
+            std::borrow::Cow::Borrowed(_) => false,
+        },
+        serde_json::Value::Array(items) => items
+            .iter_mut()
+            .fold(false, |changed, v| scrub_strings(scrubber, v) | changed),
+        serde_json::Value::Object(map) => map
+            .values_mut()
+            .fold(false, |changed, v| scrub_strings(scrubber, v) | changed),
+        _ => false,
+    }
 }
 
 /// The secrets file of a store directory (see [`Engine::secrets_file`]).
@@ -345,6 +388,9 @@ pub fn start(
     } = new;
     let workspace = workspace_of(contract_path, &contract)?;
     let mut env = open_environment(store, &workspace)?;
+    // Refused before the run exists when the kernel cannot confine its commands.
+    env.confinement = confinement_for(&contract, &env)?;
+    let scrubber = known_secrets(&contract, &env)?;
     let base = env.fingerprint(&contract)?;
     let mut limits = contract.budget.clone();
     if limits.get(BudgetName::SameError).is_none() {
@@ -404,7 +450,6 @@ pub fn start(
         store.release(&lease)?;
         return Ok(run);
     }
-    let scrubber = known_secrets(&contract, &env)?;
     store.set_scrubber(scrubber.clone());
     let mut engine = Engine {
         store,
@@ -417,7 +462,12 @@ pub fn start(
         driver,
         scrubber,
         lease_ttl_ms: LEASE_TTL_MS,
+        mcp: mcp::McpTools::default(),
     };
+    engine.mcp = mcp::McpTools::connect(&engine.contract, &engine.env.workspace, &|names| {
+        engine.secret_env(names)
+    })
+    .map_err(EngineError::Usage)?;
     engine.commit(vec![EventBody::Resumed {
         holder: actor.holder.clone(),
         lease: engine.lease.token,
@@ -551,6 +601,8 @@ pub fn resume(
     let driver = make_driver(&contract, &contract_dir, &choice)?;
     let tools = agent_workspace(Path::new(&run.workspace))?;
     let scrubber = known_secrets(&contract, &env)?;
+    let mut env = env;
+    env.confinement = confinement_for(&contract, &env)?;
     store.set_scrubber(scrubber.clone());
     let mut engine = Engine {
         store,
@@ -563,7 +615,12 @@ pub fn resume(
         driver,
         scrubber,
         lease_ttl_ms,
+        mcp: mcp::McpTools::default(),
     };
+    engine.mcp = mcp::McpTools::connect(&engine.contract, &engine.env.workspace, &|names| {
+        engine.secret_env(names)
+    })
+    .map_err(EngineError::Usage)?;
     // An interrupted command step is rolled back here; an interrupted agent step continues
     // from what it recorded when the run is driven.
     if let Some(p) = engine.run.in_progress.clone()
@@ -1023,7 +1080,7 @@ impl Engine<'_> {
         let mut next = self.run.clone();
         let mut events = Vec::with_capacity(bodies.len());
         for body in bodies {
-            let body = self.scrub_body(body);
+            let body = self.scrub_body(body)?;
             let event = Event {
                 run_id: next.id.clone(),
                 seq: next.seq + 1,
@@ -1049,19 +1106,26 @@ impl Engine<'_> {
         Ok(())
     }
 
-    /// The body with every known secret value replaced by `[secret:NAME]`.
-    fn scrub_body(&self, body: EventBody) -> EventBody {
+    /// The body with every known secret value replaced by `[secret:NAME]` in every string it
+    /// holds (a string holding JSON, like a call's arguments, is scrubbed of the escaped forms
+    /// too). Fails closed: a body that would not decode once scrubbed is not stored.
+    fn scrub_body(&self, body: EventBody) -> Result<EventBody, EngineError> {
         if self.scrubber.is_empty() {
-            return body;
+            return Ok(body);
         }
-        let json = body.encode();
-        match self.scrubber.scrub(&json) {
-            std::borrow::Cow::Borrowed(_) => body,
-            // Replacing a value inside a JSON string with `[secret:NAME]` keeps it JSON.
-            std::borrow::Cow::Owned(clean) => {
-                EventBody::decode(keel_core::event::EVENT_VERSION, &clean).unwrap_or(body)
-            }
+        let mut value = serde_json::to_value(&body).map_err(|e| {
+            EngineError::Usage(format!("an event could not be prepared for storage: {e}"))
+        })?;
+        if !scrub_strings(&self.scrubber, &mut value) {
+            return Ok(body);
         }
+        serde_json::from_value(value).map_err(|e| {
+            EngineError::Usage(format!(
+                "a secret value appears in a `{}` event where keel cannot replace it ({e}); \
+                 nothing was stored",
+                body.kind()
+            ))
+        })
     }
 
     fn release(&mut self) {
@@ -1234,6 +1298,20 @@ impl Engine<'_> {
                 name: phase_name.clone(),
             });
         }
+        // Secrets are resolved before the step starts: a missing one stops here, with nothing
+        // half done, and `keel resume` tries again once it is set.
+        let names = self
+            .contract
+            .phases
+            .get(id.phase as usize)
+            .map(|p| p.secrets.clone())
+            .unwrap_or_default();
+        let secret_env = self.secret_env(&names).map_err(|e| {
+            EngineError::Usage(format!(
+                "phase `{phase_name}` cannot start step {id}: {e}; then `keel resume {}`",
+                self.run.id
+            ))
+        })?;
         bodies.push(EventBody::StepStarted {
             step: id,
             attempt,
@@ -1258,14 +1336,10 @@ impl Engine<'_> {
             timeout = timeout.min(Duration::from_millis(left.max(1)));
         }
         let out = self.output_path("step");
+        let mut env: Vec<(&str, String)> = self.command_env(Some(id));
+        env.extend(secret_env.iter().map(|(k, v)| (k.as_str(), v.clone())));
         let outcome = self
-            .run_program(
-                process::Program::Shell(&command),
-                &self.command_env(Some(id)),
-                &out,
-                timeout,
-                None,
-            )
+            .run_program(process::Program::Shell(&command), &env, &out, timeout, None)
             .map_err(|e| EngineError::io(&out, e))?;
         fault::point("command ended");
         let output = self.store.artifacts().put_file(&out)?;
@@ -1410,7 +1484,9 @@ impl Engine<'_> {
         timeout: Duration,
         input: Option<&Path>,
     ) -> std::io::Result<process::Outcome> {
-        process::run_program(program, &self.env.workspace, env, output, timeout, input)
+        self.env
+            .confinement
+            .run(program, env, output, timeout, input, None)
     }
 
     /// Where `secret:NAME` values not in the environment are read from: `$KEEL_SECRETS_FILE`,

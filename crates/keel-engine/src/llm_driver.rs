@@ -97,7 +97,8 @@ impl LlmDriver {
 
 impl Driver for LlmDriver {
     fn request(&self, prompt: &Prompt, tools: &[ToolSpec]) -> Vec<u8> {
-        self.client.build_request(prompt, tools)
+        self.client
+            .build_request(prompt, &crate::mcp::wire_specs(tools))
     }
 
     fn send(&mut self, request: &[u8], _ctx: &SendContext<'_>) -> Result<Exchange, DriverError> {

@@ -68,8 +68,9 @@ fn cpu_ms_of_children() -> u64 {
         .unwrap_or(0)
 }
 
-/// Runs `sh -c command` in `dir`, output (stdout and stderr together) to `output`, for at most
-/// `timeout`. `env` is added to the inherited environment.
+/// Runs `sh -c command` in `dir`, unconfined, output (stdout and stderr together) to `output`,
+/// for at most `timeout`. `env` is added to the inherited environment.
+#[cfg(test)]
 pub fn run_shell(
     command: &str,
     dir: &Path,
@@ -77,22 +78,11 @@ pub fn run_shell(
     output: &Path,
     timeout: Duration,
 ) -> std::io::Result<Outcome> {
-    run_shell_with_input(command, dir, env, output, timeout, None)
+    run_program(Program::Shell(command), dir, env, output, timeout, None)
 }
 
-/// Like [`run_shell`], with the file `input` (if any) as the command's stdin.
-pub fn run_shell_with_input(
-    command: &str,
-    dir: &Path,
-    env: &[(&str, String)],
-    output: &Path,
-    timeout: Duration,
-    input: Option<&Path>,
-) -> std::io::Result<Outcome> {
-    run_program(Program::Shell(command), dir, env, output, timeout, input)
-}
-
-/// Runs `program` in `dir` (see [`run_shell`]).
+/// Runs `program` in `dir` (see [`run_shell`]), unconfined: keel's own environment minus the
+/// hidden variables, plus `env`.
 pub fn run_program(
     program: Program<'_>,
     dir: &Path,
@@ -108,19 +98,8 @@ pub fn run_program(
             "an empty command",
         ));
     };
-    let out = File::create(output)?;
-    let err = out.try_clone()?;
-    let stdin = match input {
-        Some(path) => Stdio::from(File::open(path)?),
-        None => Stdio::null(),
-    };
     let mut cmd = Command::new(first);
-    cmd.args(rest)
-        .current_dir(dir)
-        .stdin(stdin)
-        .stdout(out)
-        .stderr(err)
-        .process_group(0);
+    cmd.args(rest).current_dir(dir);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -130,6 +109,25 @@ pub fn run_program(
             cmd.env_remove(name);
         }
     }
+    let (outcome, _) = spawn_and_wait(cmd, output, timeout, input)?;
+    Ok(outcome)
+}
+
+/// Spawns `cmd` in its own process group with its output to `output`, kills the whole group at
+/// the timeout, and says how it ended (and its exit code, if it exited).
+fn spawn_and_wait(
+    mut cmd: Command,
+    output: &Path,
+    timeout: Duration,
+    input: Option<&Path>,
+) -> std::io::Result<(Outcome, Option<i32>)> {
+    let out = File::create(output)?;
+    let err = out.try_clone()?;
+    let stdin = match input {
+        Some(path) => Stdio::from(File::open(path)?),
+        None => Stdio::null(),
+    };
+    cmd.stdin(stdin).stdout(out).stderr(err).process_group(0);
     die_with_parent(&mut cmd);
     let cpu_before = cpu_ms_of_children();
     let started = Instant::now();
@@ -170,13 +168,236 @@ pub fn run_program(
         use std::os::unix::process::ExitStatusExt;
         format!("killed by signal {}", status.signal().unwrap_or(0))
     };
-    Ok(Outcome {
-        success: !timed_out && status.success(),
-        status: described,
-        timed_out,
-        duration_ms,
-        cpu_ms,
-    })
+    Ok((
+        Outcome {
+            success: !timed_out && status.success(),
+            status: described,
+            timed_out,
+            duration_ms,
+            cpu_ms,
+        },
+        status.code(),
+    ))
+}
+
+/// The program keel re-executes as the sandbox helper: set once by a binary whose `main` calls
+/// `keel_sandbox::enter_if_helper()` first.
+static HELPER: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// Makes `helper` (normally `std::env::current_exe()`) the sandbox helper of this process. Its
+/// `main` must call `keel_sandbox::enter_if_helper()` before anything else.
+pub fn set_sandbox_helper(helper: std::path::PathBuf) {
+    let _ = HELPER.set(helper);
+}
+
+/// The first call in `main` of every program that drives runs. When this process was started as
+/// keel's sandbox helper it confines itself and execs the command (it never returns); otherwise
+/// it makes this program the helper for the commands its runs start.
+pub fn sandbox_main() {
+    keel_sandbox::enter_if_helper();
+    if let Ok(exe) = std::env::current_exe() {
+        set_sandbox_helper(exe);
+    }
+}
+
+/// Environment variables a confined command gets from keel's own environment (besides the
+/// contract's `[sandbox] env` and what keel sets for the command).
+const PASSED_ENV: [&str; 14] = [
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LANGUAGE",
+    "LC_ALL",
+    "LC_CTYPE",
+    "LC_MESSAGES",
+    "TZ",
+    "TERM",
+    "CARGO_HOME",
+    "RUSTUP_HOME",
+    "RUSTUP_TOOLCHAIN",
+];
+
+/// Credentials under the home directory that no confined command may read.
+const HIDDEN_HOME: [&str; 7] = [
+    ".ssh",
+    ".aws",
+    ".gnupg",
+    ".netrc",
+    ".git-credentials",
+    ".docker/config.json",
+    ".config/gcloud",
+];
+
+/// How every command of a run is confined: the sandbox policy it runs under, or unconfined
+/// when the contract turned the sandbox off.
+#[derive(Debug, Clone)]
+pub struct Confinement {
+    sandbox: Option<keel_sandbox::Sandbox>,
+    workspace: std::path::PathBuf,
+    writable: Vec<std::path::PathBuf>,
+    hidden: Vec<std::path::PathBuf>,
+    network: bool,
+    limits: keel_sandbox::Limits,
+    pass_env: Vec<String>,
+}
+
+impl Confinement {
+    /// Commands run unconfined (`[sandbox] mode = "off"`).
+    pub fn off(workspace: &Path) -> Confinement {
+        Confinement {
+            sandbox: None,
+            workspace: workspace.to_path_buf(),
+            writable: Vec::new(),
+            hidden: Vec::new(),
+            network: true,
+            limits: keel_sandbox::Limits::default(),
+            pass_env: Vec::new(),
+        }
+    }
+
+    /// The confinement the contract asks for, checked against what this kernel can enforce:
+    /// an error (and nothing runs) if it cannot. `protect` are paths no command may see (keel's
+    /// store, the secrets file).
+    pub fn new(
+        settings: &keel_core::contract::SandboxSettings,
+        network: bool,
+        workspace: &Path,
+        protect: &[std::path::PathBuf],
+    ) -> Result<Confinement, String> {
+        if !settings.enabled {
+            return Ok(Confinement::off(workspace));
+        }
+        let helper = HELPER.get().ok_or_else(|| {
+            "the sandbox helper is not available in this process (a program that drives runs \
+             calls keel_sandbox::enter_if_helper() and keel_engine::set_sandbox_helper() first \
+             in main); or set [sandbox] mode = \"off\" to run commands unconfined"
+                .to_string()
+        })?;
+        let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+        let mut writable = Vec::new();
+        for w in &settings.writable {
+            let path = match (w.strip_prefix("~/"), &home) {
+                (Some(rest), Some(home)) => home.join(rest),
+                (Some(_), None) => {
+                    return Err(format!(
+                        "[sandbox] writable \"{w}\" starts with ~/ but HOME is not set"
+                    ));
+                }
+                (None, _) => std::path::PathBuf::from(w),
+            };
+            if !path.exists() {
+                return Err(format!(
+                    "[sandbox] writable \"{w}\" does not exist ({}); create it or remove it",
+                    path.display()
+                ));
+            }
+            writable.push(path);
+        }
+        let mut hidden: Vec<std::path::PathBuf> =
+            protect.iter().filter(|p| p.exists()).cloned().collect();
+        if let Some(home) = &home {
+            hidden.extend(
+                HIDDEN_HOME
+                    .iter()
+                    .map(|rel| home.join(rel))
+                    .filter(|p| p.exists()),
+            );
+        }
+        let limits = keel_sandbox::Limits {
+            cpu_seconds: settings.cpu_ms.map(|ms| ms.div_ceil(1000)),
+            memory_bytes: Some(settings.memory_bytes),
+            open_files: Some(settings.open_files),
+            processes: Some(settings.processes),
+        };
+        let confinement = Confinement {
+            sandbox: Some(keel_sandbox::Sandbox::new(helper.clone())),
+            workspace: workspace.to_path_buf(),
+            writable,
+            hidden,
+            network,
+            limits,
+            pass_env: PASSED_ENV
+                .iter()
+                .map(|s| s.to_string())
+                .chain(settings.env.iter().cloned())
+                .collect(),
+        };
+        let support = keel_sandbox::probe().map_err(|e| {
+            format!(
+                "the sandbox cannot be enforced on this machine: {e}; keel runs no command it \
+                 cannot confine (set [sandbox] mode = \"off\" to run them unconfined, recorded \
+                 in the run's log)"
+            )
+        })?;
+        support
+            .check(&confinement.policy(&["true".to_string()], Vec::new(), network))
+            .map_err(|e| format!("the sandbox cannot enforce the contract's policy: {e}"))?;
+        Ok(confinement)
+    }
+
+    fn policy(
+        &self,
+        argv: &[String],
+        env: Vec<(String, String)>,
+        network: bool,
+    ) -> keel_sandbox::Policy {
+        keel_sandbox::Policy {
+            workspace: self.workspace.clone(),
+            writable: self.writable.clone(),
+            hidden: self.hidden.clone(),
+            network,
+            limits: self.limits,
+            env,
+            argv: argv.to_vec(),
+        }
+    }
+
+    /// Runs one command of the run: in the workspace, confined (or not, by the contract), with
+    /// `network` overriding the contract's default when given.
+    pub fn run(
+        &self,
+        program: Program<'_>,
+        env: &[(&str, String)],
+        output: &Path,
+        timeout: Duration,
+        input: Option<&Path>,
+        network: Option<bool>,
+    ) -> std::io::Result<Outcome> {
+        let Some(sandbox) = &self.sandbox else {
+            return run_program(program, &self.workspace, env, output, timeout, input);
+        };
+        let hidden_names: Vec<String> = HIDDEN.lock().map(|h| h.clone()).unwrap_or_default();
+        let mut full: Vec<(String, String)> = Vec::new();
+        for name in &self.pass_env {
+            if let Ok(value) = std::env::var(name)
+                && !hidden_names.contains(name)
+            {
+                full.push((name.clone(), value));
+            }
+        }
+        for (k, v) in env {
+            if hidden_names.iter().any(|h| h == k) {
+                continue;
+            }
+            full.retain(|(name, _)| name != k);
+            full.push((k.to_string(), v.clone()));
+        }
+        let policy = self.policy(&program.argv(), full, network.unwrap_or(self.network));
+        let (cmd, private_tmp) = sandbox
+            .command(&policy)
+            .map_err(|e| std::io::Error::other(format!("the sandbox refused to start: {e}")))?;
+        let (mut outcome, code) = spawn_and_wait(cmd, output, timeout, input)?;
+        if code == Some(keel_sandbox::REFUSED_EXIT_CODE)
+            && let Some(reason) = private_tmp.refusal()
+        {
+            outcome.success = false;
+            outcome.status = format!("refused by the sandbox: {reason}");
+        }
+        drop(private_tmp);
+        Ok(outcome)
+    }
 }
 
 fn humanise(d: Duration) -> String {

@@ -2,9 +2,7 @@
 //! The blocking client against keel-test-support's MCP fixture, over stdio (the
 //! `keel-mcp-fixture` binary) and streamable HTTP (in-process), and against servers that fail.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
+use std::path::Path;
 use std::time::Duration;
 
 use keel_mcp::{McpClient, McpError, ServerSpec};
@@ -14,60 +12,9 @@ use serde_json::{Map, Value, json};
 /// Generous: nothing here waits for it unless something is broken.
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The fixture binary, `target/<profile>/keel-mcp-fixture`, next to this test's `deps/`.
-///
-/// Cargo builds a dependency's binaries only for that package's own tests: `cargo test
-/// --workspace` (or `-p keel-test-support`) builds it, `cargo test -p keel-mcp` alone does not.
-/// When it is missing, or older than the fixture's sources, it is built once here with the same
-/// cargo, profile and target directory. (Not unconditionally: a `cargo build -p
-/// keel-test-support` resolves features differently from a workspace build and would recompile
-/// shared dependencies.)
-fn fixture_bin() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let exe = std::env::current_exe().unwrap();
-        // target/<profile>/deps/client-HASH
-        let profile_dir = exe.parent().and_then(Path::parent).unwrap().to_owned();
-        let target_dir = profile_dir.parent().unwrap();
-        let bin = profile_dir.join(format!("keel-mcp-fixture{}", std::env::consts::EXE_SUFFIX));
-        let support = Path::new(env!("CARGO_MANIFEST_DIR")).join("../keel-test-support");
-        let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-        let newest_source = ["src/mcp.rs", "src/bin/keel-mcp-fixture.rs", "Cargo.toml"]
-            .iter()
-            .filter_map(|f| modified(&support.join(f)))
-            .max();
-        let fresh = match (modified(&bin), newest_source) {
-            (Some(built), Some(source)) => built >= source,
-            (Some(_), None) => true,
-            (None, _) => false,
-        };
-        if !fresh {
-            let cargo = std::env::var_os("CARGO")
-                .or_else(|| option_env!("CARGO").map(Into::into))
-                .unwrap_or_else(|| "cargo".into());
-            let mut cmd = Command::new(cargo);
-            cmd.args([
-                "build",
-                "--quiet",
-                "-p",
-                "keel-test-support",
-                "--bin",
-                "keel-mcp-fixture",
-            ])
-            .env("CARGO_TARGET_DIR", target_dir)
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-            if profile_dir.file_name().is_some_and(|n| n == "release") {
-                cmd.arg("--release");
-            }
-            let status = cmd.status().unwrap();
-            assert!(
-                status.success(),
-                "building keel-mcp-fixture failed: {status}"
-            );
-            assert!(bin.exists(), "{} is missing after the build", bin.display());
-        }
-        bin
-    })
+/// The MCP fixture server's binary (see `keel_test_support::mcp::fixture_binary`).
+fn fixture_bin() -> std::path::PathBuf {
+    keel_test_support::mcp::fixture_binary().unwrap()
 }
 
 fn stdio_spec(log: &Path) -> ServerSpec {

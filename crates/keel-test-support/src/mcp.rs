@@ -396,3 +396,70 @@ pub fn spawn_http(log: PathBuf) -> std::io::Result<HttpFixture> {
         thread: Some(thread),
     })
 }
+
+/// The path of the `keel-mcp-fixture` binary, next to the running test executable
+/// (`target/<profile>/`). `cargo test --workspace` (or `-p keel-test-support`) builds it; when it
+/// is missing, or older than the fixture's sources, it is built once here with the same cargo,
+/// profile and target directory. (Not unconditionally: a `cargo build -p keel-test-support`
+/// resolves features differently from a workspace build and would recompile shared
+/// dependencies.)
+pub fn fixture_binary() -> Result<std::path::PathBuf, String> {
+    use std::path::Path;
+    static BIN: std::sync::OnceLock<Result<std::path::PathBuf, String>> =
+        std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+        // target/<profile>/deps/<test>-HASH
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .ok_or("the test executable is not in target/<profile>/deps")?
+            .to_owned();
+        let target_dir = profile_dir
+            .parent()
+            .ok_or("the profile directory has no parent")?
+            .to_owned();
+        let bin = profile_dir.join(format!("keel-mcp-fixture{}", std::env::consts::EXE_SUFFIX));
+        let support = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        let newest_source = ["src/mcp.rs", "src/bin/keel-mcp-fixture.rs", "Cargo.toml"]
+            .iter()
+            .filter_map(|f| modified(&support.join(f)))
+            .max();
+        let fresh = match (modified(&bin), newest_source) {
+            (Some(built), Some(source)) => built >= source,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if !fresh {
+            let cargo = std::env::var_os("CARGO")
+                .or_else(|| option_env!("CARGO").map(Into::into))
+                .unwrap_or_else(|| "cargo".into());
+            let mut cmd = std::process::Command::new(cargo);
+            cmd.args([
+                "build",
+                "--quiet",
+                "-p",
+                "keel-test-support",
+                "--bin",
+                "keel-mcp-fixture",
+            ])
+            .env("CARGO_TARGET_DIR", &target_dir)
+            .current_dir(support);
+            if profile_dir.file_name().is_some_and(|n| n == "release") {
+                cmd.arg("--release");
+            }
+            let status = cmd
+                .status()
+                .map_err(|e| format!("cannot run cargo to build keel-mcp-fixture: {e}"))?;
+            if !status.success() || !bin.exists() {
+                return Err(format!(
+                    "building keel-mcp-fixture failed ({status}); {} is missing",
+                    bin.display()
+                ));
+            }
+        }
+        Ok(bin)
+    })
+    .clone()
+}

@@ -188,3 +188,13 @@ pub fn fault_points(contract: &str) -> Vec<String> {
         .map(|l| l.split_once(' ').unwrap().1.to_string())
         .collect()
 }
+
+/// A `[sandbox]` table letting a scenario's commands write where its tests keep counters and
+/// markers: outside the workspace, in the system's temporary directory (which confined
+/// commands otherwise cannot write).
+pub fn outside_writable() -> String {
+    format!(
+        "\n[sandbox]\nwritable = [\"{}\"]\n",
+        std::env::temp_dir().display()
+    )
+}

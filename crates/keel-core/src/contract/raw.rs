@@ -46,8 +46,52 @@ pub(super) struct RawContract {
     #[serde(default)]
     #[schemars(with = "Vec<RawTool>")]
     pub tool: Vec<Spanned<RawTool>>,
+    /// MCP servers whose tools agent phases may list as "server.tool" or "server.*".
+    #[serde(default)]
+    #[schemars(with = "Vec<RawMcp>")]
+    pub mcp: Vec<Spanned<RawMcp>>,
     /// How every command keel runs is confined.
     pub sandbox: Option<RawSandbox>,
+}
+
+/// `[[mcp]]`: an MCP (Model Context Protocol) server whose tools agent phases may use, started
+/// as a child process (`command`) or reached over streamable HTTP (`url`). Its tools are named
+/// "server.tool"; a phase lists them one by one or all at once as "server.*".
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "Mcp")]
+pub(super) struct RawMcp {
+    /// The server's name, the prefix of its tools' names: letters, digits, `_` and `-`, 1 to 64
+    /// characters, unique, not a built-in tool's name.
+    #[schemars(with = "String", regex(pattern = r"^[A-Za-z0-9_-]{1,64}$"))]
+    pub name: Spanned<String>,
+    /// The program and its arguments of a server spoken to on stdin/stdout (no shell); it runs
+    /// in the workspace. Give `command` or `url`, not both.
+    #[schemars(with = "Option<Vec<String>>", length(min = 1))]
+    pub command: Option<Spanned<Vec<Spanned<String>>>>,
+    /// The endpoint of a streamable-HTTP server, e.g. "http://127.0.0.1:8080/mcp".
+    #[schemars(with = "Option<String>")]
+    pub url: Option<Spanned<String>>,
+    /// Names of environment variables passed from keel's environment to a `command` server
+    /// (besides PATH, HOME and LANG; nothing else is inherited).
+    #[schemars(with = "Option<Vec<String>>")]
+    pub env: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Names of secrets a `command` server sees as environment variables.
+    #[schemars(with = "Option<Vec<String>>")]
+    pub secrets: Option<Spanned<Vec<Spanned<String>>>>,
+    /// What undoing a call of any of its tools takes. Default "irreversible"; a tool's own
+    /// annotations never lower it.
+    #[schemars(with = "Option<RawReversibility>")]
+    pub reversibility: Option<Spanned<RawReversibility>>,
+    /// Names (unqualified) of this server's tools that change nothing: they are read_only.
+    #[schemars(with = "Option<Vec<String>>")]
+    pub read_only: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Ask a person before each call of any of its tools.
+    #[schemars(with = "Option<bool>")]
+    pub approval: Option<Spanned<bool>>,
+    /// How long one call may take, e.g. "30s". Default "2m".
+    #[schemars(with = "Option<String>", extend("default" = "2m"))]
+    pub timeout: Option<Spanned<String>>,
 }
 
 /// `[sandbox]`: how every command keel runs (command phases, the `run` tool, delegated drivers,
@@ -345,8 +389,9 @@ pub(super) struct RawPhase {
     /// Agent phases: what the driver must achieve in this phase. Required for agent phases.
     #[schemars(with = "Option<String>")]
     pub objective: Option<Spanned<String>>,
-    /// Agent phases: the built-in tools the driver may use. Default: all of read, list,
-    /// search, write, patch, run, plan, note, finish, blocked.
+    /// Agent phases: the tools the driver may use: built-in ones, contract tools, and tools of
+    /// declared MCP servers as "server.tool" (one) or "server.*" (all of them). Default: all of
+    /// read, list, search, write, patch, run, plan, note, finish, blocked.
     #[schemars(with = "Option<Vec<String>>")]
     pub tools: Option<Spanned<Vec<Spanned<String>>>>,
     /// Ask a person before the phase runs: the run waits, with the phase's exact commands (or

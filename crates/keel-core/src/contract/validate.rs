@@ -10,14 +10,15 @@ use toml::Spanned;
 
 use super::diagnostic::{Diagnostics, reword_toml_error};
 use super::raw::{
-    Dollars, RawApprovals, RawBudget, RawContract, RawDriver, RawHttpRule, RawPhase, RawPhaseKind,
-    RawReversibility, RawSandbox, RawScope, RawTask, RawTool, RawVerifier, RawWorkspace,
+    Dollars, RawApprovals, RawBudget, RawContract, RawDriver, RawHttpRule, RawMcp, RawPhase,
+    RawPhaseKind, RawReversibility, RawSandbox, RawScope, RawTask, RawTool, RawVerifier,
+    RawWorkspace,
 };
 use super::scope::{HttpRule, Scope, command_glob, path_glob};
 use super::{
-    ApprovalPolicy, Contract, ContractError, ContractTool, DEFAULT_LOCKFILES, DEFAULT_TIMEOUT_MS,
-    Driver, DriverKind, KeyPassing, Phase, PhaseKind, SandboxSettings, Task, Tier, Verifier,
-    Workspace, placeholders,
+    ApprovalPolicy, Contract, ContractError, ContractTool, DEFAULT_LOCKFILES,
+    DEFAULT_MCP_TIMEOUT_MS, DEFAULT_TIMEOUT_MS, Driver, DriverKind, KeyPassing, McpServer,
+    McpSource, Phase, PhaseKind, SandboxSettings, Task, Tier, Verifier, Workspace, placeholders,
 };
 use crate::agent::Reversibility;
 use crate::budget::{BudgetLimits, BudgetName};
@@ -45,6 +46,7 @@ pub(super) fn parse(file: &str, source: &str) -> Result<Contract, ContractError>
     let contract = Validator {
         d: &mut d,
         tool_names: Vec::new(),
+        mcp_names: Vec::new(),
     }
     .contract(raw, source);
     match contract {
@@ -70,6 +72,9 @@ struct Validator<'d, 'a> {
     d: &'d mut Diagnostics<'a>,
     /// The contract-defined tools, which agent phases may list beside the built-in ones.
     tool_names: Vec<String>,
+    /// The declared MCP servers, whose tools agent phases may list as `server.tool` or
+    /// `server.*`.
+    mcp_names: Vec<String>,
 }
 
 impl Validator<'_, '_> {
@@ -85,6 +90,7 @@ impl Validator<'_, '_> {
             verify,
             phase,
             tool,
+            mcp,
             approvals,
             sandbox,
         } = raw;
@@ -99,6 +105,7 @@ impl Validator<'_, '_> {
         let budget = self.budget(budget);
         let verifiers = self.verifiers(&verify);
         let tools = self.tools(tool);
+        let mcp = self.mcp_servers(mcp);
         let phases = self.phases(&phase, &verify);
         let sandbox = self.sandbox(sandbox);
 
@@ -132,8 +139,254 @@ impl Validator<'_, '_> {
             verifiers: verifiers?,
             phases: phases?,
             tools: tools?,
+            mcp: mcp?,
             sandbox: sandbox?,
         })
+    }
+
+    /// `[[mcp]]`: names valid, unique and distinct from the built-in tools; `command` or `url`,
+    /// not both; env and secrets only for a command; a timeout that parses.
+    fn mcp_servers(&mut self, raw: Vec<Spanned<RawMcp>>) -> Option<Vec<McpServer>> {
+        let mut out = Vec::new();
+        let mut ok = true;
+        // Phases may list the tools of every declared server, even one refused below: one
+        // mistake, one message.
+        self.mcp_names = raw
+            .iter()
+            .map(|m| m.get_ref().name.get_ref().clone())
+            .collect();
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+        for spanned in raw {
+            let span = spanned.span();
+            let m = spanned.into_inner();
+            let name = m.name.get_ref().clone();
+            if let Some(first) = seen.get(&name) {
+                self.d.at(
+                    &m.name.span(),
+                    format!(
+                        "there are two MCP servers named \"{name}\" (the first at line {first}); \
+                         rename one"
+                    ),
+                );
+                ok = false;
+                continue;
+            }
+            seen.insert(name, self.d.line(m.name.span().start));
+            match self.mcp_server(span, m) {
+                Some(server) => out.push(server),
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
+    }
+
+    fn mcp_server(&mut self, span: Range<usize>, m: RawMcp) -> Option<McpServer> {
+        let mut ok = true;
+        let name = m.name.get_ref().clone();
+        if name.is_empty()
+            || name.len() > MAX_NAME_LEN
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            self.d.at(
+                &m.name.span(),
+                format!(
+                    "MCP server name \"{name}\" may only hold letters, digits, `_` and `-` (1 to \
+                     {MAX_NAME_LEN} characters; its tools are called \"name.tool\"); rename it, \
+                     for example to \"{}\"",
+                    suggest_server_name(&name)
+                ),
+            );
+            ok = false;
+        } else if crate::tools::BUILTIN.contains(&name.as_str()) {
+            self.d.at(
+                &m.name.span(),
+                format!("\"{name}\" is a built-in tool; give the MCP server another name"),
+            );
+            ok = false;
+        }
+        let source = match (&m.command, &m.url) {
+            (Some(_), Some(url)) => {
+                self.d.at(
+                    &url.span(),
+                    format!(
+                        "MCP server \"{name}\" has both command and url; keep command for a \
+                         server keel starts (stdio) or url for one it reaches over HTTP"
+                    ),
+                );
+                ok = false;
+                None
+            }
+            (None, None) => {
+                self.d.at(
+                    &span,
+                    format!(
+                        "MCP server \"{name}\" has neither command nor url; add command = \
+                         [\"program\", \"args\"...] (a server keel starts, spoken to on stdio) or \
+                         url = \"http://host:port/mcp\" (streamable HTTP)"
+                    ),
+                );
+                ok = false;
+                None
+            }
+            (Some(command), None) => {
+                let argv = command.get_ref();
+                if argv.is_empty() {
+                    self.d.at(
+                        &command.span(),
+                        "command is empty; give the program and its arguments",
+                    );
+                    ok = false;
+                } else if argv[0].get_ref().trim().is_empty() {
+                    self.d
+                        .at(&argv[0].span(), "the program of command is empty; name it");
+                    ok = false;
+                }
+                let env = match &m.env {
+                    None => Vec::new(),
+                    Some(list) => {
+                        self.env_names(list, "environment variable")
+                            .unwrap_or_else(|| {
+                                ok = false;
+                                Vec::new()
+                            })
+                    }
+                };
+                Some(McpSource::Stdio {
+                    command: argv.iter().map(|a| a.get_ref().clone()).collect(),
+                    env,
+                })
+            }
+            (None, Some(url)) => {
+                let text = url.get_ref().trim();
+                let host = text
+                    .strip_prefix("http://")
+                    .or_else(|| text.strip_prefix("https://"));
+                if host.is_none_or(|h| h.is_empty() || h.starts_with('/')) {
+                    self.d.at(
+                        &url.span(),
+                        format!(
+                            "url \"{text}\" is not an HTTP URL; write it like \
+                             \"http://127.0.0.1:8080/mcp\" or \"https://mcp.example.com/mcp\""
+                        ),
+                    );
+                    ok = false;
+                }
+                for (key, present) in [
+                    ("env", m.env.as_ref().map(|e| e.span())),
+                    ("secrets", m.secrets.as_ref().map(|e| e.span())),
+                ] {
+                    if let Some(at) = present {
+                        self.d.at(
+                            &at,
+                            format!(
+                                "{key} is only for a server keel starts (command); MCP server \
+                                 \"{name}\" is reached at its url: remove {key}"
+                            ),
+                        );
+                        ok = false;
+                    }
+                }
+                Some(McpSource::Http {
+                    url: text.to_string(),
+                })
+            }
+        };
+        let secrets = match &m.secrets {
+            None => Vec::new(),
+            Some(list) => self.env_names(list, "secret name").unwrap_or_else(|| {
+                ok = false;
+                Vec::new()
+            }),
+        };
+        let reversibility = match &m.reversibility {
+            None => Reversibility::Irreversible,
+            Some(r) if *r.get_ref() == RawReversibility::Compensatable => {
+                self.d.at(
+                    &r.span(),
+                    format!(
+                        "MCP server \"{name}\" cannot be compensatable: keel has no command that \
+                         undoes its calls; write \"irreversible\" (the default), or \
+                         \"reversible\" if its calls change only the workspace"
+                    ),
+                );
+                ok = false;
+                Reversibility::Irreversible
+            }
+            Some(r) => reversibility(*r.get_ref()),
+        };
+        let mut read_only: Vec<String> = Vec::new();
+        for tool in m.read_only.iter().flat_map(|l| l.get_ref()) {
+            let t = tool.get_ref();
+            if t.trim().is_empty() {
+                self.d.at(
+                    &tool.span(),
+                    "this tool name is empty; write the name of one of the server's tools (without \
+                     the server's name)",
+                );
+                ok = false;
+            } else if let Some(bare) = t.strip_prefix(&format!("{name}.")) {
+                self.d.at(
+                    &tool.span(),
+                    format!(
+                        "read_only lists the server's own tool names: write \"{bare}\", not \"{t}\""
+                    ),
+                );
+                ok = false;
+            } else if !read_only.contains(t) {
+                read_only.push(t.clone());
+            }
+        }
+        let timeout_ms = match &m.timeout {
+            None => Some(DEFAULT_MCP_TIMEOUT_MS),
+            Some(v) => self.duration(&format!("the timeout of MCP server \"{name}\""), v),
+        };
+        let timeout_ms = timeout_ms.unwrap_or_else(|| {
+            ok = false;
+            0
+        });
+        match source {
+            Some(source) if ok => Some(McpServer {
+                name,
+                source,
+                secrets,
+                reversibility,
+                read_only,
+                approval: m.approval.as_ref().is_some_and(|a| *a.get_ref()),
+                timeout_ms,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Environment variable names (letters, digits and `_`, not starting with a digit); `None`
+    /// after reporting a bad one.
+    fn env_names(
+        &mut self,
+        list: &Spanned<Vec<Spanned<String>>>,
+        what: &str,
+    ) -> Option<Vec<String>> {
+        let mut ok = true;
+        let mut out = Vec::new();
+        for s in list.get_ref() {
+            let n = s.get_ref();
+            let valid = n.chars().next().is_some_and(|c| !c.is_ascii_digit())
+                && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                self.d.at(
+                    &s.span(),
+                    format!(
+                        "{what} \"{n}\" must be an environment variable name (letters, digits and \
+                         `_`, not starting with a digit)"
+                    ),
+                );
+                ok = false;
+            } else if !out.contains(n) {
+                out.push(n.clone());
+            }
+        }
+        ok.then_some(out)
     }
 
     /// `[[tool]]`: names unique and distinct from the built-in tools, argv templates whose
@@ -1327,6 +1580,47 @@ impl Validator<'_, '_> {
         let mut ok = true;
         for tool in tools.get_ref() {
             let name = tool.get_ref();
+            // `server.tool` or `server.*`: the server's tools are known only at run time.
+            if let Some((server, rest)) = name.split_once('.') {
+                if rest.is_empty() {
+                    self.d.at(
+                        &tool.span(),
+                        format!(
+                            "\"{name}\" names no tool; write \"{server}.TOOL\" for one tool of MCP \
+                             server \"{server}\" or \"{server}.*\" for all of them"
+                        ),
+                    );
+                    ok = false;
+                } else if !self.mcp_names.iter().any(|m| m == server) {
+                    self.d.at(
+                        &tool.span(),
+                        format!(
+                            "there is no MCP server \"{server}\"; {}",
+                            if self.mcp_names.is_empty() {
+                                format!(
+                                    "declare it with [[mcp]] name = \"{server}\" (and its command \
+                                     or url)"
+                                )
+                            } else {
+                                format!(
+                                    "the servers are {} (or declare it with [[mcp]])",
+                                    self.mcp_names.join(", ")
+                                )
+                            }
+                        ),
+                    );
+                    ok = false;
+                } else if out.contains(name) {
+                    self.d.at(
+                        &tool.span(),
+                        format!("tool \"{name}\" is listed twice; list it once"),
+                    );
+                    ok = false;
+                } else {
+                    out.push(name.clone());
+                }
+                continue;
+            }
             let known =
                 crate::tools::BUILTIN.contains(&name.as_str()) || self.tool_names.contains(name);
             if known && out.contains(name) {
@@ -1341,12 +1635,21 @@ impl Validator<'_, '_> {
                 self.d.at(
                     &tool.span(),
                     format!(
-                        "there is no tool \"{name}\"; the tools are {}{}",
+                        "there is no tool \"{name}\"; the tools are {}{}{}",
                         quoted(&crate::tools::BUILTIN),
                         if self.tool_names.is_empty() {
                             String::new()
                         } else {
                             format!(" and the contract's {}", self.tool_names.join(", "))
+                        },
+                        if self.mcp_names.is_empty() {
+                            String::new()
+                        } else {
+                            format!(
+                                ", or an MCP server's as \"server.tool\" or \"server.*\" \
+                                 (servers: {})",
+                                self.mcp_names.join(", ")
+                            )
                         }
                     ),
                 );
@@ -1569,6 +1872,26 @@ fn suggest_name(text: &str) -> String {
         .take(MAX_NAME_LEN)
         .collect();
     name
+}
+
+/// A valid MCP server name close to `text`: every other character turned into `-`.
+fn suggest_server_name(text: &str) -> String {
+    let name: String = text
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(MAX_NAME_LEN)
+        .collect();
+    if name.is_empty() {
+        "server".to_string()
+    } else {
+        name
+    }
 }
 
 fn quoted(names: &[&str]) -> String {
