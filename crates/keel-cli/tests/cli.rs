@@ -187,7 +187,8 @@ fn read_commands_have_stable_json_field_names() {
     assert_eq!(st["budgets"]["steps"]["limit"], 10);
     assert_eq!(st["budgets"]["steps"]["used"], 2);
     assert_eq!(st["budgets"]["tokens"]["enforced"], true);
-    assert_eq!(st["budgets"]["network_requests"]["enforced"], false);
+    assert_eq!(st["budgets"]["network_requests"]["enforced"], true);
+    assert_eq!(st["budgets"]["parallel_workers"]["enforced"], false);
     assert!(st["budgets"]["tokens"]["limit"].is_null());
     assert_eq!(st["budgets"]["wall_time"]["unit"], "ms");
     assert_eq!(st["budgets"]["cost_usd"]["unit"], "micro_usd");

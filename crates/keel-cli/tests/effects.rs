@@ -404,3 +404,100 @@ parameters = {{ item = {{ type = "string" }} }}
     assert_eq!(effects[0]["status"], "done");
     f.verify_log_ok(&id);
 }
+
+#[test]
+fn http_requests_are_allow_listed_counted_and_carry_the_key() {
+    let service = CountingService::start();
+    let url = service.url();
+    let port = url.rsplit(':').next().unwrap().to_string();
+    let outside = tempfile::tempdir().unwrap();
+    let path = outside.path().join("script.jsonl");
+    let lines = [
+        // Not allowed: DELETE, and another host.
+        json!({"tool": "http", "args": {"method": "DELETE", "url": format!("{url}/apply")}}),
+        json!({"tool": "http", "args": {"method": "GET", "url": "http://example.com/"}}),
+        json!({"tool": "http", "args": {"method": "POST", "url": format!("{url}/apply"), "body": "x"}}),
+        json!({"tool": "http", "args": {"method": "GET", "url": format!("{url}/big?n=10")}}),
+        // Over the network_requests budget of 2: denied before it is sent.
+        json!({"tool": "http", "args": {"method": "GET", "url": format!("{url}/big?n=10")}}),
+        json!({"tool": "finish", "args": {"summary": "done"}}),
+    ];
+    let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    std::fs::write(&path, text.join("\n") + "\n").unwrap();
+    let f = Fixture::new(&format!(
+        r#"
+[task]
+goal = "One item is applied."
+
+[driver]
+kind = "script"
+script = "{}"
+
+[scope]
+http = [{{ host = "127.0.0.1", port = {port}, methods = ["GET", "POST"] }}]
+
+[budget]
+network_requests = 2
+
+[[verify]]
+name = "present"
+tier = "acceptance"
+run = "test -f README.md"
+
+[[phase]]
+name = "call"
+kind = "agent"
+objective = "Apply one item."
+tools = ["http", "finish"]
+done_when = []
+"#,
+        path.display()
+    ));
+    let (id, out) = f.start(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", f.explain(&out));
+    let events = f.events(&id);
+    let decisions: Vec<(String, String)> = of_kind(&events, "policy_decision")
+        .iter()
+        .map(|e| {
+            (
+                e["body"]["decision"].as_str().unwrap().to_string(),
+                e["body"]["rule"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(decisions.len(), 6, "{decisions:?}");
+    assert_eq!(decisions[0].0, "deny");
+    assert!(decisions[0].1.contains("DELETE"), "{decisions:?}");
+    assert_eq!(decisions[1].0, "deny");
+    assert!(decisions[1].1.contains("example.com"), "{decisions:?}");
+    assert_eq!(decisions[2].0, "allow");
+    assert_eq!(decisions[3].0, "allow");
+    assert_eq!(decisions[4].0, "deny");
+    assert!(
+        decisions[4]
+            .1
+            .contains("budget `network_requests` exhausted"),
+        "{decisions:?}"
+    );
+    // Only the allowed requests reached the service; the POST carried its effect key.
+    let requests = service.requests();
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    let key = of_kind(&events, "effect_intended")[0]["body"]["key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(requests[0].header("Idempotency-Key"), Some(key.as_str()));
+    assert_eq!(
+        requests[1].header("Idempotency-Key"),
+        None,
+        "GET has no key"
+    );
+    assert_eq!(service.applications().get(&key), Some(&1));
+    let st = f.status(&id);
+    assert_eq!(st["budgets"]["network_requests"]["used"], 2, "{st:#}");
+    // The GET is read-only: no effect; the POST is one, done.
+    let out = f.expect(&["effects", &id, "--json"], 0);
+    let effects: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(effects.as_array().unwrap().len(), 1, "{effects:#}");
+    assert_eq!(effects[0]["status"], "done");
+}

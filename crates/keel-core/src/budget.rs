@@ -100,6 +100,8 @@ impl BudgetName {
                 | BudgetName::Tokens
                 | BudgetName::CostUsd
                 | BudgetName::NoProgressSteps
+                | BudgetName::NetworkRequests
+                | BudgetName::Approvals
         )
     }
 

@@ -41,6 +41,13 @@ pub const DEFAULT_LOCKFILES: [&str; 10] = [
     "composer.lock",
 ];
 
+/// The verifier `run = "keel:secret-scan"`: the run's diff against its base must add no known
+/// secret value and no high-confidence credential pattern.
+pub const SECRET_SCAN: &str = "keel:secret-scan";
+
+/// The verifiers keel has built in, written as their `run`.
+pub const BUILTIN_VERIFIERS: [&str; 1] = [SECRET_SCAN];
+
 /// How long a verifier or a phase command may run when the contract does not say: 10 minutes.
 pub const DEFAULT_TIMEOUT_MS: u64 = 10 * 60 * 1000;
 

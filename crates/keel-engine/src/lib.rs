@@ -1522,15 +1522,18 @@ impl Engine<'_> {
             },
         );
         let out = self.output_path(&format!("verify-{}", v.name));
-        let outcome = self
-            .run_program(
+        let outcome = if v.run.trim() == keel_core::contract::SECRET_SCAN {
+            self.secret_scan(&judged.tree, &out)?
+        } else {
+            self.run_program(
                 process::Program::Shell(&v.run),
                 &self.command_env(step),
                 &out,
                 Duration::from_millis(v.timeout_ms),
                 None,
             )
-            .map_err(|e| EngineError::io(&out, e))?;
+            .map_err(|e| EngineError::io(&out, e))?
+        };
         fault::point("verifier ended");
         let output = self.store.artifacts().put_file(&out)?;
         // A failure carries the part of its output that says what failed, for the driver.
@@ -1561,6 +1564,38 @@ impl Engine<'_> {
             evidence: evidence.clone(),
         }])?;
         Ok(evidence)
+    }
+
+    /// The built-in `keel:secret-scan` verifier: the lines the run added since its base (up to
+    /// `tree`) hold no known secret value and no high-confidence credential. Its report names
+    /// the file, line and kind of each finding, never the value.
+    fn secret_scan(&mut self, tree: &str, out: &Path) -> Result<process::Outcome, EngineError> {
+        let started = std::time::Instant::now();
+        let diff = self.env.git.diff_text(&self.run.base.tree, tree)?;
+        let findings = keel_core::secret::scan_diff(&diff, &self.scrubber);
+        let mut report = String::new();
+        for f in &findings {
+            report.push_str(&format!("{f}\n"));
+        }
+        if findings.is_empty() {
+            report.push_str("no secret values or credentials added\n");
+        } else {
+            report.push_str(
+                "remove them from the workspace (and rotate any credential that was written)\n",
+            );
+        }
+        std::fs::write(out, &report).map_err(|e| EngineError::io(out, e))?;
+        Ok(process::Outcome {
+            success: findings.is_empty(),
+            status: if findings.is_empty() {
+                "exit 0".into()
+            } else {
+                format!("{} finding(s)", findings.len())
+            },
+            timed_out: false,
+            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            cpu_ms: 0,
+        })
     }
 
     fn verify_phase(&mut self, phase: u32) -> Result<(), EngineError> {

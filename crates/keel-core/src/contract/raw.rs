@@ -328,7 +328,8 @@ pub(super) struct RawVerifier {
     /// be done, "acceptance" before the run may complete.
     #[schemars(with = "Tier")]
     pub tier: Spanned<Tier>,
-    /// The shell command; exit status 0 means it passed.
+    /// The shell command; exit status 0 means it passed. Or a built-in check:
+    /// "keel:secret-scan" (the run's changes add no known secret value and no credential).
     #[schemars(with = "String", length(min = 1))]
     pub run: Spanned<String>,
     /// How long it may run, e.g. "10m" (the default).
@@ -343,7 +344,7 @@ pub(super) struct RawVerifier {
 pub(super) enum RawPhaseKind {
     /// Fixed shell commands.
     Command,
-    /// A driver chooses the actions (not supported yet).
+    /// A driver chooses the actions.
     Agent,
     /// An explicit human gate (not supported yet).
     Approval,

@@ -49,7 +49,7 @@ network = false
 # Hard limits; leave a key out for no limit. Exhausting one stops the run as `blocked`, and only
 # an explicit, logged human action raises it. Durations are written like "90s", "30m" or "4h".
 # Also available: tokens, cost_usd (dollars), tool_calls, no_progress_steps, writes,
-# network_requests, parallel_workers, approvals.
+# network_requests (http tool calls), parallel_workers, approvals.
 wall_time = "2h"
 compute_time = "1h"
 steps = 200
@@ -85,8 +85,11 @@ timeout = "20m"
 # Phases run in order. A "command" phase runs its shell commands one after another; each may take
 # up to `timeout` (default "10m"). `done_when` names the verifiers that must pass before the phase
 # is done; without it, every verifier with tier = "phase" must.
-# Agent and approval phases, approval = true, secrets, compensate and [[tool]] tables are not
-# supported yet by this version of keel.
+# An "agent" phase lets the [driver] choose each action (see the README); `approval = true` makes
+# a person approve the phase first; `secrets = ["NAME"]` gives its commands those secrets (from
+# the environment or .keel/secrets). [[tool]] defines a command an agent may call, [[mcp]] an MCP
+# server whose tools it may call, [sandbox] how every command is confined (on by default).
+# Phases of kind "approval" and irreversible command phases are not supported yet.
 
 [[phase]]
 name = "build"

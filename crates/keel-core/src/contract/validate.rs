@@ -1317,6 +1317,19 @@ impl Validator<'_, '_> {
                 );
                 ok = false;
             }
+            if let Some(builtin) = run.trim().strip_prefix("keel:")
+                && !super::BUILTIN_VERIFIERS.contains(&run.trim())
+            {
+                self.d.at(
+                    &v.run.span(),
+                    format!(
+                        "there is no built-in verifier \"keel:{builtin}\"; the built-in ones are \
+                         {}",
+                        super::BUILTIN_VERIFIERS.join(", ")
+                    ),
+                );
+                ok = false;
+            }
             let timeout = self.timeout(
                 &format!("the timeout of verifier \"{}\"", v.name.get_ref()),
                 &v.timeout,
