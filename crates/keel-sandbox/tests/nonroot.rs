@@ -44,7 +44,17 @@ fn as_a_non_root_user_the_sandbox_uses_a_user_namespace() {
         o = f.outside.path().display()
     ));
     policy.limits.processes = Some(4000);
-    let (cmd, tmp) = common::sandbox().command(&policy).unwrap();
+    // `nobody` must be able to execute the helper wherever the checkout lives (a CI clone may sit
+    // in a directory only root can enter): a copy in a directory open to everyone.
+    use std::os::unix::fs::PermissionsExt;
+    let bin_dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(bin_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let helper = bin_dir.path().join("keel-sandbox-helper");
+    std::fs::copy(env!("CARGO_BIN_EXE_keel-sandbox-helper"), &helper).unwrap();
+    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (cmd, tmp) = keel_sandbox::Sandbox::new(&helper)
+        .command(&policy)
+        .unwrap();
     chown(tmp.path().parent().unwrap(), Some(NOBODY), Some(NOBODY)).unwrap();
     chown(tmp.path(), Some(NOBODY), Some(NOBODY)).unwrap();
     let mut wrapped = Command::new(setpriv);
