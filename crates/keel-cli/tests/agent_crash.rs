@@ -19,12 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
-use common::{Fixture, fault_points, kinds, state};
+use common::{Fixture, fault_points, kinds, of_kind, state};
 use serde_json::{Value, json};
-
-fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    events.iter().filter(|e| e["kind"] == kind).collect()
-}
 
 /// The `run` calls of the script: (step index, call index, the label each appends to the
 /// marker).

@@ -11,12 +11,8 @@ mod common;
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use common::{Fixture, git, kinds, state};
+use common::{Fixture, git, kinds, of_kind, state};
 use serde_json::Value;
-
-fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    events.iter().filter(|e| e["kind"] == kind).collect()
-}
 
 const GOAL: &str = "src/answer.txt holds the answer to everything, 42.";
 const OBJECTIVE: &str = "Compute the answer and write it to src/answer.txt.";

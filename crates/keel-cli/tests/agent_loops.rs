@@ -8,12 +8,8 @@
 
 mod common;
 
-use common::{Fixture, kinds, state};
+use common::{Fixture, kinds, of_kind, state};
 use serde_json::{Value, json};
-
-fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    events.iter().filter(|e| e["kind"] == kind).collect()
-}
 
 fn contract(budget: &str) -> String {
     format!(

@@ -12,12 +12,8 @@ mod common;
 
 use std::path::Path;
 
-use common::{Fixture, git, kinds, state};
+use common::{Fixture, git, kinds, of_kind, state};
 use serde_json::{Value, json};
-
-fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    events.iter().filter(|e| e["kind"] == kind).collect()
-}
 
 /// The user part of the prompt of every model call, in order (the script driver records its
 /// request as JSON with `system` and `user`).

@@ -9,7 +9,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::{Fixture, kinds, state};
+use common::{Fixture, kinds, of_kind, state};
 use serde_json::Value;
 
 /// A contract with one command phase of `steps`, the `[budget]` lines `budget` and an acceptance
@@ -64,10 +64,6 @@ fn assert_not_lower(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64
             "{when}: consumed budget `{name}` went down from {was} to {now}\nbefore: {before:?}\nafter: {after:?}"
         );
     }
-}
-
-fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    events.iter().filter(|e| e["kind"] == kind).collect()
 }
 
 fn assert_blocked_on(f: &Fixture, id: &str, budget: &str, limit_now: u64) -> Value {

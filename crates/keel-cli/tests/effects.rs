@@ -12,13 +12,9 @@
 
 mod common;
 
-use common::{Fixture, fault_points, kinds, state};
+use common::{Fixture, fault_points, kinds, of_kind, state};
 use keel_test_support::service::CountingService;
 use serde_json::{Value, json};
-
-fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    events.iter().filter(|e| e["kind"] == kind).collect()
-}
 
 fn script(url: &str) -> Vec<Value> {
     vec![

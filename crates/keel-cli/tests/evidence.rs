@@ -7,15 +7,11 @@
 
 mod common;
 
-use common::{Fixture, git, kinds, state};
+use common::{Fixture, git, kinds, of_kind, state};
 use serde_json::Value;
 
 fn stdout(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).to_string()
-}
-
-fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    events.iter().filter(|e| e["kind"] == kind).collect()
 }
 
 fn is_hex(s: &str, len: usize) -> bool {

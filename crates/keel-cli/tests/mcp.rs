@@ -12,16 +12,12 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::{Fixture, kinds, state};
+use common::{Fixture, kinds, of_kind, state};
 use serde_json::{Value, json};
 
 /// The MCP fixture server's binary (see `keel_test_support::mcp::fixture_binary`).
 fn fixture_bin() -> std::path::PathBuf {
     keel_test_support::mcp::fixture_binary().unwrap()
-}
-
-fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    events.iter().filter(|e| e["kind"] == kind).collect()
 }
 
 fn lines(path: &Path) -> usize {
@@ -116,14 +112,7 @@ name = "fixture"
     }
 
     fn expect(&self, args: &[&str], code: i32) -> Output {
-        let out = self.keel(args);
-        assert_eq!(
-            out.status.code(),
-            Some(code),
-            "keel {args:?}\n{}",
-            self.fx.explain(&out)
-        );
-        out
+        self.fx.expect_exit(self.keel(args), args, code)
     }
 
     fn effects(&self, id: &str) -> Vec<Value> {

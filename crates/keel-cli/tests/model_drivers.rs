@@ -17,7 +17,7 @@ use std::path::Path;
 use std::process::Output;
 use std::sync::{Arc, Mutex};
 
-use common::{Fixture, state};
+use common::{Fixture, of_kind, state};
 use serde_json::{Value, json};
 
 /// The environment variable the contracts name as `secret:…`, and the key the tests put in it.
@@ -368,10 +368,6 @@ fn assert_exit(f: &Fixture, out: &Output, code: i32) {
         "exit code\n{}",
         f.explain(out)
     );
-}
-
-fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    events.iter().filter(|e| e["kind"] == kind).collect()
 }
 
 fn artifact(f: &Fixture, hash: &str) -> Vec<u8> {

@@ -273,14 +273,7 @@ impl Scenario {
     }
 
     fn expect(&self, args: &[&str], code: i32) -> Output {
-        let out = self.keel(args);
-        assert_eq!(
-            out.status.code(),
-            Some(code),
-            "keel {args:?}\n{}",
-            self.fx.explain(&out)
-        );
-        out
+        self.fx.expect_exit(self.keel(args), args, code)
     }
 }
 

@@ -80,7 +80,12 @@ impl Fixture {
 
     /// Runs keel and asserts its exit code, explaining a mismatch.
     pub fn expect(&self, args: &[&str], code: i32) -> Output {
-        let out = self.run(args);
+        self.expect_exit(self.run(args), args, code)
+    }
+
+    /// Asserts the exit code of `out` (keel run with `args`, perhaps in a prepared environment),
+    /// explaining a mismatch.
+    pub fn expect_exit(&self, out: Output, args: &[&str], code: i32) -> Output {
         if out.status.code() != Some(code) {
             panic!(
                 "keel {args:?}: expected exit {code}, got {:?}\n{}",
@@ -165,6 +170,11 @@ fn walk(dir: &Path) -> Vec<String> {
 
 pub fn state(status: &Value) -> &str {
     status["state"].as_str().unwrap_or("?")
+}
+
+/// The events of one kind, in order.
+pub fn of_kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["kind"] == kind).collect()
 }
 
 pub fn kinds(events: &[Value]) -> Vec<String> {
