@@ -175,7 +175,18 @@ done_when = []
             }
             "tcp" | "udp" => refused(what, text, &["Network is unreachable", "unreachable"]),
             "memory" => refused(what, text, &["MemoryError"]),
-            "fork bomb" | "ignores SIGTERM" => refused(what, text, &["timed out after"]),
+            // The process limit stops the bomb: either the shell cannot fork the
+            // final `sleep` and gives up, or the bombs keep it busy until the timeout.
+            "fork bomb" => refused(
+                what,
+                text,
+                &[
+                    "timed out after",
+                    "Cannot fork",
+                    "Resource temporarily unavailable",
+                ],
+            ),
+            "ignores SIGTERM" => refused(what, text, &["timed out after"]),
             other => panic!("unknown attempt {other}"),
         }
     }
