@@ -130,13 +130,7 @@ impl Scenario {
     }
 
     fn run_id(&self) -> Option<String> {
-        if !self.fx.path(".keel/keel.db").exists() {
-            return None;
-        }
-        self.fx
-            .db()
-            .query_row("SELECT id FROM runs", [], |r| r.get(0))
-            .ok()
+        self.fx.stored_run_id()
     }
 
     /// (step index, call index) of every recorded `tool_call_finished`.
@@ -524,13 +518,7 @@ impl Delegate {
     }
 
     fn run_id(&self) -> Option<String> {
-        if !self.fx.path(".keel/keel.db").exists() {
-            return None;
-        }
-        self.fx
-            .db()
-            .query_row("SELECT id FROM runs", [], |r| r.get(0))
-            .ok()
+        self.fx.stored_run_id()
     }
 
     /// `pending`: invocations made before the kill that have no recorded reply.

@@ -138,13 +138,7 @@ impl Scenario {
     }
 
     fn run_id(&self) -> Option<String> {
-        if !self.fx.path(".keel/keel.db").exists() {
-            return None;
-        }
-        self.fx
-            .db()
-            .query_row("SELECT id FROM runs", [], |r| r.get(0))
-            .ok()
+        self.fx.stored_run_id()
     }
 
     /// Resumes a killed run to completion and checks that no step verified before the kill ran

@@ -89,12 +89,7 @@ impl Scenario {
     fn new() -> Scenario {
         let service = CountingService::start();
         let outside = tempfile::tempdir().unwrap();
-        let path = outside.path().join("script.jsonl");
-        let lines: Vec<String> = script(&service.url())
-            .iter()
-            .map(|l| l.to_string())
-            .collect();
-        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        let path = common::write_script(outside.path(), &script(&service.url()));
         Scenario {
             fx: Fixture::new(&contract(&path, &service.url())),
             service,
@@ -103,13 +98,7 @@ impl Scenario {
     }
 
     fn run_id(&self) -> Option<String> {
-        if !self.fx.path(".keel/keel.db").exists() {
-            return None;
-        }
-        self.fx
-            .db()
-            .query_row("SELECT id FROM runs", [], |r| r.get(0))
-            .ok()
+        self.fx.stored_run_id()
     }
 
     /// Every key applied at most once; the unkeyed tool applied at most once.
@@ -223,6 +212,19 @@ impl Scenario {
             kinds(&events)
         );
         f.verify_log_ok(id);
+        // The invariant checker's view: the service counts the call without a key apart.
+        let audit = keel_test_support::invariants::check(&f.path(".keel/keel.db"), id).unwrap();
+        let mut applied: std::collections::BTreeMap<String, u64> = applied
+            .into_iter()
+            .map(|(k, n)| (k, u64::from(n)))
+            .collect();
+        for e in audit.effects.iter().filter(|e| e.tool == "apply_unkeyed") {
+            if self.service.unkeyed() > 0 {
+                applied.insert(e.key.clone(), u64::from(self.service.unkeyed()));
+            }
+        }
+        let broken = keel_core::invariant::check_applied(&audit.effects, &applied);
+        assert!(broken.is_empty(), "{what}: {broken:?}");
     }
 }
 

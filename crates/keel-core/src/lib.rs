@@ -15,6 +15,7 @@ pub mod effect;
 pub mod errorfp;
 pub mod event;
 pub mod fingerprint;
+pub mod invariant;
 pub mod run;
 pub mod secret;
 pub mod state;

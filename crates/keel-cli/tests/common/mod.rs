@@ -146,8 +146,24 @@ impl Fixture {
         rusqlite::Connection::open(self.path(".keel/keel.db")).expect("store opens")
     }
 
+    /// The id of the run in this workspace's store, if one was created (a process killed early
+    /// may have died before printing it).
+    pub fn stored_run_id(&self) -> Option<String> {
+        if !self.path(".keel/keel.db").exists() {
+            return None;
+        }
+        self.db()
+            .query_row("SELECT id FROM runs", [], |r| r.get(0))
+            .ok()
+    }
+
+    /// `keel verify-log` accepts the run's log, and every invariant of
+    /// `keel_test_support::invariants` holds for it.
     pub fn verify_log_ok(&self, id: &str) {
         self.expect(&["verify-log", id], 0);
+        if let Err(e) = keel_test_support::invariants::check(&self.path(".keel/keel.db"), id) {
+            panic!("{e}");
+        }
     }
 }
 
@@ -207,4 +223,73 @@ pub fn outside_writable() -> String {
         "\n[sandbox]\nwritable = [\"{}\"]\n",
         std::env::temp_dir().display()
     )
+}
+
+/// A small seeded generator (xorshift64*) for tests that pick offsets, orders or points at
+/// random. The seed comes from `KEEL_TEST_SEED` when set, else from the clock, and is printed
+/// so that a failure can be replayed.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn seeded(test: &str) -> Rng {
+        let seed = std::env::var("KEEL_TEST_SEED")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(1)
+            });
+        eprintln!("{test}: KEEL_TEST_SEED={seed}");
+        Rng(seed.max(1))
+    }
+
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A number in `lo..hi` (`lo` when the range is empty).
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        if hi <= lo {
+            lo
+        } else {
+            lo + self.next() % (hi - lo)
+        }
+    }
+
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            let j = self.range(0, i as u64 + 1) as usize;
+            items.swap(i, j);
+        }
+    }
+}
+
+/// The output of a keel invocation neither panicked nor died of a signal: whatever keel did
+/// with a fault, it said so in words.
+pub fn assert_no_panic(out: &Output, what: &str) {
+    use std::os::unix::process::ExitStatusExt;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.signal().is_none()
+            && out.status.code() != Some(101)
+            && !stderr.contains("panicked"),
+        "{what}: keel panicked or died ({:?})\n--- stdout\n{}\n--- stderr\n{stderr}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// Writes a script driver's JSONL file (one reply per line) to `dir/script.jsonl`.
+pub fn write_script(dir: &Path, lines: &[Value]) -> PathBuf {
+    let path = dir.join("script.jsonl");
+    let text: Vec<String> = lines.iter().map(Value::to_string).collect();
+    std::fs::write(&path, text.join("\n") + "\n").unwrap();
+    path
 }
