@@ -1,60 +1,134 @@
-//! `keel-bench`: figures about keel's own behaviour over a long run, measured by driving the
-//! engine as a library on a temporary git workspace.
+//! `keel-bench`: figures about keel's own behaviour, each measured in the same run as the
+//! reference it is judged against, by driving keel-engine and keel-store as libraries on
+//! temporary git workspaces.
 //!
-//! The first figure is the prompt size: a scripted agent phase of `--steps` steps (default 500:
-//! varied `note`, `read` and `plan` calls, then `finish`) is run with `context_tokens` 4000, and
-//! the size of every assembled prompt (the `prompt_tokens` of each `model_requested` event) is
-//! read back from the store. The prompt must stay within `context_tokens` and flat: the mean
-//! over the last fifth of the steps is compared with the mean over steps 10%–30% (50–150 and
-//! 400–500 for 500 steps). The same script is then run with `context_tokens` 32000, where
-//! nothing has to be cut, to show that the projection the prompt is built from is bounded by
-//! itself and not only by the cut.
+//! - `sqlite_commit_us`: the floor, one fsynced single-row SQLite commit (WAL,
+//!   `synchronous = FULL`, as keel-store) on the same disk.
+//! - `step_overhead_us`, `cpu_us_per_step`, `step_breakdown`: the durable cost of one agent step
+//!   of the survey run (scripted driver, read-only `note`/`read`/`plan` calls), timed step by step,
+//!   and where it goes.
+//! - `prompt_tokens`: the prompt size over the survey run (flat, never over `context_tokens`).
+//! - `resume_ms`: `keel_engine::resume` of runs with logs of 100, 10,000 and 100,000 events.
+//! - `events_per_s`: events appended per second by concurrent writers, with group commit
+//!   (`keel_store::GroupCommitter`) and without (a transaction per commit).
+//! - `concurrent_runs`: 1,000 runs in one process against a loopback model that answers after
+//!   50 ms, through keel's real OpenAI-compatible driver.
 //!
-//! Usage: `cargo run --release -p keel-bench -- [--json] [--steps N] [--context-tokens N]`.
+//! Usage: `cargo run --release -p keel-bench -- [--json] [--quick] [--steps N]
+//! [--context-tokens N] [--runs N] [--pool N] [--only a,b,…]`.
 
-use std::path::Path;
-use std::process::Command;
-use std::time::Instant;
+mod breakdown;
+mod concurrent;
+mod events;
+mod floor;
+mod resume;
+mod survey;
+mod synth;
+mod util;
+
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use keel_core::event::EventBody;
-use keel_core::state::RunState;
-use keel_engine::{Actor, DriverOverride, NewRun, Quiet};
-use keel_store::Store;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
+
+use util::{figure, median, round1, round3, summary};
 
 /// The context size of the run without a binding limit: keel's default.
 const UNCAPPED_CONTEXT_TOKENS: u64 = keel_core::contract::DEFAULT_CONTEXT_TOKENS;
+/// The model latency of the concurrent-runs figure.
+const MODEL_LATENCY: Duration = Duration::from_millis(50);
+const SECTIONS: [&str; 6] = [
+    "floor",
+    "survey",
+    "events",
+    "resume",
+    "concurrent",
+    "uncapped",
+];
 
 struct Options {
     json: bool,
+    quick: bool,
     steps: usize,
     context_tokens: u64,
+    runs: usize,
+    pool: usize,
+    steps_per_run: usize,
+    resume_sizes: Vec<u64>,
+    writers: Vec<usize>,
+    writer_steps: usize,
+    floor_commits: usize,
+    only: Vec<String>,
 }
 
 fn options() -> Result<Options> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
     let mut o = Options {
         json: false,
-        steps: 500,
+        quick,
+        steps: if quick { 100 } else { 500 },
         context_tokens: 4000,
+        runs: if quick { 100 } else { 1000 },
+        pool: 64,
+        steps_per_run: 5,
+        resume_sizes: if quick {
+            vec![100, 1_000, 10_000]
+        } else {
+            vec![100, 10_000, 100_000]
+        },
+        writers: if quick { vec![8] } else { vec![8, 32] },
+        writer_steps: if quick { 5 } else { 10 },
+        floor_commits: if quick { 200 } else { 1000 },
+        only: SECTIONS.iter().map(|s| s.to_string()).collect(),
     };
-    let mut args = std::env::args().skip(1);
+    let mut args = args.into_iter();
     while let Some(arg) = args.next() {
-        let mut number = |what: &str| -> Result<u64> {
-            let text = args
-                .next()
-                .with_context(|| format!("{what} needs a number"))?;
+        let mut value = |what: &str| -> Result<String> {
+            args.next().with_context(|| format!("{what} needs a value"))
+        };
+        let number = |what: &str, text: String| -> Result<u64> {
             text.parse()
                 .with_context(|| format!("{what} {text}: not a whole number"))
         };
         match arg.as_str() {
             "--json" => o.json = true,
-            "--steps" => o.steps = usize::try_from(number("--steps")?)?,
-            "--context-tokens" => o.context_tokens = number("--context-tokens")?,
+            "--quick" => {}
+            "--steps" => o.steps = usize::try_from(number("--steps", value("--steps")?)?)?,
+            "--context-tokens" => {
+                o.context_tokens = number("--context-tokens", value("--context-tokens")?)?
+            }
+            "--runs" => o.runs = usize::try_from(number("--runs", value("--runs")?)?)?,
+            "--pool" => o.pool = usize::try_from(number("--pool", value("--pool")?)?)?,
+            "--resume-sizes" => {
+                o.resume_sizes = value("--resume-sizes")?
+                    .split(',')
+                    .map(|n| number("--resume-sizes", n.trim().to_string()))
+                    .collect::<Result<_>>()?;
+                ensure!(!o.resume_sizes.is_empty(), "--resume-sizes needs a size");
+            }
+            "--only" => {
+                o.only = value("--only")?
+                    .split(',')
+                    .map(|s| s.trim().to_string())
+                    .collect();
+                for s in &o.only {
+                    ensure!(
+                        SECTIONS.contains(&s.as_str()),
+                        "--only: unknown section `{s}` (sections: {})",
+                        SECTIONS.join(", ")
+                    );
+                }
+            }
             "-h" | "--help" => {
                 println!(
-                    "keel-bench [--json] [--steps N (default 500, at least 20)] [--context-tokens N (default 4000)]\n\
-                     Runs a scripted agent phase of N steps through keel-engine and reports the prompt size per step."
+                    "keel-bench [--json] [--quick] [--steps N (default 500, at least 20)] \
+                     [--context-tokens N (default 4000)] [--runs N (default 1000)] \
+                     [--pool N (default 64)] [--resume-sizes A,B,… (default 100,10000,100000)] [--only {}]\n\
+                     Measures keel's per-step cost against the fsync floor, resume time against \
+                     log length, prompt size over a long run, group commit, and many runs \
+                     against a 50 ms model. --quick uses small sizes for a smoke run.",
+                    SECTIONS.join(",")
                 );
                 std::process::exit(0);
             }
@@ -62,246 +136,351 @@ fn options() -> Result<Options> {
         }
     }
     ensure!(o.steps >= 20, "--steps must be at least 20");
+    ensure!(
+        o.runs >= 1 && o.pool >= 1,
+        "--runs and --pool must be at least 1"
+    );
     Ok(o)
 }
 
 fn main() -> Result<()> {
+    // First: this binary is also the sandbox helper of the commands its runs start.
     keel_engine::sandbox_main();
     let o = options()?;
-    let capped = scenario(o.steps, o.context_tokens)?;
-    let uncapped = scenario(o.steps, UNCAPPED_CONTEXT_TOKENS)?;
-    let report = json!({
-        "prompt_tokens": capped.prompt_figures(),
-        "prompt_tokens_uncapped": uncapped.prompt_figures(),
-        "steps": o.steps,
-        "elapsed_ms": capped.elapsed_ms,
-        "ms_per_step": round1(capped.elapsed_ms as f64 / o.steps as f64),
-        "events": capped.events,
-        "store_bytes": capped.store_bytes,
-        "state": capped.state,
-    });
+    let on = |s: &str| o.only.iter().any(|x| x == s);
+    let base = std::env::temp_dir();
+    let started = Instant::now();
+    let load_start = util::loadavg();
+    let mut report = Map::new();
+
+    // The floor first, then again after the survey run: the disk may change under load.
+    let mut floor_us = Vec::new();
+    let floor_dir = tempfile::tempdir_in(&base)?;
+    if on("floor") || on("survey") {
+        floor_us = floor::sqlite_commits(floor_dir.path(), o.floor_commits / 2)?;
+    }
+
+    let mut survey = None;
+    let mut template = None;
+    if on("survey") || on("events") || on("resume") {
+        let s = survey::run(&base, o.steps, o.context_tokens)?;
+        let t = synth::Template::from_log(&s.events, s.steps / 2)?;
+        floor_us.extend(floor::sqlite_commits(
+            &floor_dir.path().join("again"),
+            o.floor_commits / 2,
+        )?);
+        survey = Some(s);
+        template = Some(t);
+    }
+    let floor = summary(&floor_us);
+    let floor_median = floor["median"].as_f64().unwrap_or(0.0);
+    if !floor_us.is_empty() {
+        report.insert(
+            "sqlite_commit_us".into(),
+            Value::Object(figure(
+                floor.clone(),
+                json!(null),
+                "none: this is the floor step_overhead_us is judged against",
+                None,
+                "One INSERT of a 300-byte row in BEGIN IMMEDIATE … COMMIT, WAL, synchronous = \
+                 FULL (keel-store's settings), in the same temporary directory as the runs; \
+                 half the commits before the survey run and half after it.",
+            )),
+        );
+    }
+
+    if let (Some(s), Some(t), true) = (&survey, &template, on("survey")) {
+        survey_figures(&mut report, s, t, floor_median, &o)?;
+    }
+
+    if let (Some(s), Some(t), true) = (&survey, &template, on("events")) {
+        let created = s
+            .events
+            .first()
+            .context("the survey log is empty")?
+            .decode()?;
+        let mut trials = Vec::new();
+        for &w in &o.writers {
+            trials.push(events::measure(&base, &created, t, w, o.writer_steps)?);
+        }
+        let best = trials
+            .iter()
+            .map(|t| t.group_events_per_s / t.separate_events_per_s.max(1e-9))
+            .fold(f64::INFINITY, f64::min);
+        let mut f = figure(
+            json!(
+                trials
+                    .iter()
+                    .map(|t| (
+                        format!("writers_{}", t.writers),
+                        json!(round1(t.group_events_per_s))
+                    ))
+                    .collect::<Map<_, _>>()
+            ),
+            json!(
+                trials
+                    .iter()
+                    .map(|t| (
+                        format!("writers_{}", t.writers),
+                        json!(round1(t.separate_events_per_s))
+                    ))
+                    .collect::<Map<_, _>>()
+            ),
+            "group commit ≥ 2× the events per second of a transaction per commit, at every writer count",
+            Some(best >= 2.0),
+            "Each writer thread owns a run and appends synthetic note steps (8 events in the \
+             engine's 7 commits per step, built from a real step of the survey run). value: \
+             every writer hands its commits to one keel_store::GroupCommitter (one transaction \
+             and one fsync for whatever is waiting, each commit in its own savepoint with \
+             Store::commit's checks). reference: each writer has its own connection and every \
+             commit is its own fsynced transaction (Store::commit, what the engine does today). \
+             Events per second over the wall time of all writers.",
+        );
+        f.insert(
+            "trials".into(),
+            json!(trials.iter().map(events::Trial::report).collect::<Vec<_>>()),
+        );
+        report.insert("events_per_s".into(), Value::Object(f));
+    }
+
+    if let (Some(t), true) = (&template, on("resume")) {
+        let mut results = Vec::new();
+        for &n in &o.resume_sizes {
+            results.push(resume::measure(&base, t, n, if o.quick { 3 } else { 5 })?);
+        }
+        let first = median(&results[0].resume_ms);
+        let last = median(&results[results.len() - 1].resume_ms);
+        let value: Map<String, Value> = o
+            .resume_sizes
+            .iter()
+            .zip(&results)
+            .map(|(n, r)| (format!("events_{n}"), json!(round1(median(&r.resume_ms)))))
+            .collect();
+        let ratio = last / first.max(1e-9);
+        let mut f = figure(
+            Value::Object(value),
+            json!({format!("events_{}", o.resume_sizes[0]): round1(first)}),
+            &format!(
+                "the {}-event figure ≤ 1.5× the {}-event figure",
+                o.resume_sizes[o.resume_sizes.len() - 1],
+                o.resume_sizes[0]
+            ),
+            Some(ratio <= 1.5),
+            "Median wall time of keel_engine::resume of a run waiting for an answer (lease, \
+             newest checkpoint and the events after it checked and folded, contract, driver, \
+             the resumed commit, the drift check). The log is a real run's start and end \
+             around synthetic note steps committed through keel-store (8 events a step, made \
+             from a real survey step); the engine itself wrote the last steps and a checkpoint \
+             a few events before the end. Sizes are approximate: events_N is the size asked \
+             for, `runs` gives the exact count.",
+        );
+        f.insert("ratio".into(), json!(round1(ratio)));
+        f.insert(
+            "runs".into(),
+            json!(
+                results
+                    .iter()
+                    .map(resume::Resume::report)
+                    .collect::<Vec<_>>()
+            ),
+        );
+        report.insert("resume_ms".into(), Value::Object(f));
+    }
+
+    if on("uncapped")
+        && let Some(s) = &survey
+    {
+        let uncapped = survey::run(&base, s.steps, UNCAPPED_CONTEXT_TOKENS)?;
+        report.insert("prompt_tokens_uncapped".into(), uncapped.prompt_figures());
+    }
+
+    if on("concurrent") {
+        let c = concurrent::measure(&base, o.runs, o.pool, o.steps_per_run, MODEL_LATENCY)?;
+        report.insert("concurrent_runs".into(), concurrent_figure(&c));
+    }
+
+    report.insert(
+        "machine".into(),
+        json!({
+            "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            "loadavg_at_start": load_start,
+            "loadavg_at_end": util::loadavg(),
+            "temp_dir": base.display().to_string(),
+            "quick": o.quick,
+            "total_s": round1(started.elapsed().as_secs_f64()),
+            "note": "loadavg is the 1, 5 and 15 minute load of the whole machine (other work \
+                     included); with more runnable tasks than CPUs every figure is slower than \
+                     on an idle machine.",
+        }),
+    );
+    let report = Value::Object(report);
     if o.json {
         println!("{report:#}");
     } else {
-        print_text(&report, o.steps);
+        print_text(&report);
     }
     Ok(())
 }
 
-fn print_text(r: &Value, steps: usize) {
-    for (label, key) in [
-        ("prompt tokens", "prompt_tokens"),
-        ("prompt tokens, no binding limit", "prompt_tokens_uncapped"),
-    ] {
-        let p = &r[key];
-        println!(
-            "{label} (context_tokens {}): step 10 {}, step {steps} {}, max {}, mean {} {} vs {} {}: flat within {}%",
-            p["context_tokens"],
-            p["step_10"],
-            p[format!("step_{steps}")],
-            p["max"],
-            p["early_window"].as_str().unwrap_or(""),
-            p["mean_early"],
-            p["late_window"].as_str().unwrap_or(""),
-            p["mean_late"],
-            p["flat_within_pct"],
-        );
+fn survey_figures(
+    report: &mut Map<String, Value>,
+    s: &survey::Survey,
+    t: &synth::Template,
+    floor_median: f64,
+    o: &Options,
+) -> Result<()> {
+    let steps = s.step_us.len();
+    let step = summary(&s.step_us);
+    let step_median = step["median"].as_f64().unwrap_or(0.0);
+    let tenth = (steps / 10).max(1);
+    let early = median(&s.step_us[..tenth]);
+    let late = median(&s.step_us[steps - tenth..]);
+    let ratio = step_median / floor_median.max(1e-9);
+    let mut f = figure(
+        step.clone(),
+        json!({"sqlite_commit_us_median": floor_median}),
+        "median ≤ 1.5× the median fsynced SQLite commit",
+        Some(ratio <= 1.5),
+        "Wall time from the start of one agent step to the start of the next (the engine \
+         reports each step once its step_started is committed), over the survey run: a \
+         scripted driver (no model latency), read-only note/read/plan calls, fsync on, no \
+         command run (so no sandbox start). Each step assembles and counts a prompt of up to \
+         context_tokens, stores the request and reply, commits the events, fingerprints the \
+         workspace with git and checks the step. See step_breakdown for where it goes.",
+    );
+    f.insert("ratio_to_floor".into(), json!(round1(ratio)));
+    f.insert("median_first_tenth".into(), json!(round1(early)));
+    f.insert("median_last_tenth".into(), json!(round1(late)));
+    f.insert("steps".into(), json!(steps));
+    report.insert("step_overhead_us".into(), Value::Object(f));
+
+    let per_step = |x: f64| round1(x / steps as f64);
+    let cpu_process = per_step(s.cpu.process_us);
+    let cpu_children = per_step(s.cpu.children_us);
+    report.insert(
+        "cpu_us_per_step".into(),
+        Value::Object(figure(
+            json!({"process": cpu_process, "children": cpu_children, "total": round1(cpu_process + cpu_children)}),
+            json!(null),
+            "process < 100 µs per step",
+            Some(cpu_process < 100.0),
+            "getrusage user + system time over the same steps as step_overhead_us, divided \
+             by the steps: `process` is keel's own (RUSAGE_SELF), `children` is the git \
+             processes it waited for (RUSAGE_CHILDREN). The target is on `process`; \
+             `total` is what a step costs the machine.",
+        )),
+    );
+
+    let (events, commits) = s.step_event_counts();
+    let b = breakdown::measure(s, t, if o.quick { 20 } else { 50 })?;
+    report.insert(
+        "step_breakdown".into(),
+        b.report(
+            s,
+            step_median,
+            events as f64 / s.steps as f64,
+            commits as f64 / s.steps as f64,
+        ),
+    );
+
+    let (at10, at_last, apart) = s.step_10_vs_last();
+    let mut p = figure(
+        json!({"step_10": at10, format!("step_{}", s.steps): at_last}),
+        json!({"step_10": at10}),
+        &format!(
+            "step {} within 10% of step 10, and no prompt over context_tokens",
+            s.steps
+        ),
+        Some(apart <= 10.0 && s.tokens.iter().all(|t| *t <= s.context_tokens)),
+        "prompt_tokens of each model_requested event of the survey run (the prompt keel \
+         assembled for that step, counted as the driver counts). The windowed means compare \
+         steps 10%-30% with the last fifth.",
+    );
+    if let Value::Object(m) = s.prompt_figures() {
+        p.extend(m);
     }
-    println!(
-        "{steps} steps in {} ms ({} ms per step), {} events, store {} bytes",
-        r["elapsed_ms"], r["ms_per_step"], r["events"], r["store_bytes"]
+    p.insert("step_10_vs_last_pct".into(), json!(apart));
+    report.insert("prompt_tokens".into(), Value::Object(p));
+
+    report.insert("steps".into(), json!(s.steps));
+    report.insert("elapsed_ms".into(), json!(s.elapsed_ms));
+    report.insert(
+        "ms_per_step".into(),
+        json!(round1(s.elapsed_ms as f64 / s.steps as f64)),
     );
-}
-
-/// What one run measured.
-struct Scenario {
-    steps: usize,
-    context_tokens: u64,
-    /// `prompt_tokens` of each step's request, in step order.
-    tokens: Vec<u64>,
-    elapsed_ms: u64,
-    events: usize,
-    store_bytes: u64,
-    state: String,
-}
-
-impl Scenario {
-    fn prompt_figures(&self) -> Value {
-        let n = self.steps;
-        let (early, late) = windows(n);
-        let mean_early = mean(&self.tokens[early.clone()]);
-        let mean_late = mean(&self.tokens[late.clone()]);
-        let mut figures = serde_json::Map::new();
-        figures.insert("step_10".into(), json!(self.tokens[9]));
-        figures.insert(format!("step_{n}"), json!(self.tokens[n - 1]));
-        figures.insert("max".into(), json!(self.tokens.iter().max()));
-        figures.insert("min".into(), json!(self.tokens.iter().min()));
-        figures.insert("context_tokens".into(), json!(self.context_tokens));
-        figures.insert("mean_early".into(), json!(round1(mean_early)));
-        figures.insert("mean_late".into(), json!(round1(mean_late)));
-        figures.insert(
-            "early_window".into(),
-            json!(format!("steps {}-{}", early.start + 1, early.end)),
-        );
-        figures.insert(
-            "late_window".into(),
-            json!(format!("steps {}-{}", late.start + 1, late.end)),
-        );
-        figures.insert(
-            "flat_within_pct".into(),
-            json!(round1((mean_late - mean_early).abs() / mean_early * 100.0)),
-        );
-        Value::Object(figures)
-    }
-}
-
-/// The 0-based index ranges compared: steps 10%–30% and the last fifth (for 500 steps, steps
-/// 51–150 and 401–500, 1-based).
-fn windows(n: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
-    (n / 10..n * 3 / 10, n * 4 / 5..n)
-}
-
-fn mean(values: &[u64]) -> f64 {
-    values.iter().sum::<u64>() as f64 / values.len().max(1) as f64
-}
-
-fn round1(x: f64) -> f64 {
-    (x * 10.0).round() / 10.0
-}
-
-/// Builds a workspace, runs the script through the engine, and reads the figures back from the
-/// store.
-fn scenario(steps: usize, context_tokens: u64) -> Result<Scenario> {
-    let dir = tempfile::tempdir().context("creating a temporary directory")?;
-    let ws = dir.path();
-    workspace(ws)?;
-    std::fs::write(
-        ws.join("actions.jsonl"),
-        keel_test_support::survey::script(steps),
-    )?;
-    std::fs::write(ws.join("keel.toml"), contract(context_tokens))?;
-
-    let contract_path = ws.join("keel.toml");
-    let contract = keel_engine::load_contract(&contract_path)?;
-    let mut store = Store::open(&ws.join(".keel").join("keel.db"))?;
-    let id = keel_engine::new_run_id();
-    let choice = DriverOverride::default();
-    let actor = Actor::current();
-    let started = Instant::now();
-    let run = keel_engine::start(
-        &mut store,
-        NewRun {
-            contract_path: &contract_path,
-            contract,
-            run_id: &id,
-            choice: &choice,
-            detach: false,
-        },
-        &actor,
-        &mut Quiet,
-        &mut |_| {},
-    )?;
-    let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    ensure!(
-        run.state == RunState::Completed,
-        "the benchmark run ended {}: {}",
-        run.state,
-        run.reason
-    );
-
-    let events = store.events_from(&id, 1)?;
-    let mut tokens = Vec::with_capacity(steps);
-    for stored in &events {
-        if stored.kind != "model_requested" {
-            continue;
-        }
-        if let EventBody::ModelRequested { prompt_tokens, .. } = stored.decode()?.body {
-            tokens.push(prompt_tokens);
-        }
-    }
-    ensure!(
-        tokens.len() == steps,
-        "expected {steps} model requests, the store has {}",
-        tokens.len()
-    );
-    Ok(Scenario {
-        steps,
-        context_tokens,
-        tokens,
-        elapsed_ms,
-        events: events.len(),
-        store_bytes: size(&ws.join(".keel"))?,
-        state: run.state.to_string(),
-    })
-}
-
-fn git(dir: &Path, args: &[&str]) -> Result<()> {
-    let out = Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_AUTHOR_NAME", "keel-bench")
-        .env("GIT_AUTHOR_EMAIL", "keel-bench@localhost")
-        .env("GIT_COMMITTER_NAME", "keel-bench")
-        .env("GIT_COMMITTER_EMAIL", "keel-bench@localhost")
-        .output()
-        .context("running git (is it installed?)")?;
-    ensure!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    report.insert("events".into(), json!(s.events.len()));
+    report.insert("store_bytes".into(), json!(s.store_bytes));
+    report.insert("state".into(), json!(s.state));
     Ok(())
 }
 
-/// A git repository with five 200-line files to read.
-fn workspace(ws: &Path) -> Result<()> {
-    git(ws, &["init", "-q", "-b", "main"])?;
-    std::fs::write(ws.join("README.md"), "keel-bench workspace\n")?;
-    std::fs::write(ws.join(".gitignore"), ".keel/\n")?;
-    keel_test_support::survey::write_files(ws)?;
-    git(ws, &["add", "-A"])?;
-    git(ws, &["commit", "-q", "-m", "bench workspace"])
+fn concurrent_figure(c: &concurrent::Concurrent) -> Value {
+    let secs = c.elapsed.as_secs_f64();
+    let rate = c.steps as f64 / secs;
+    let latency_s = c.latency.as_secs_f64();
+    let allowed = c.pool.min(c.runs) as f64 / latency_s;
+    let unbounded = c.runs as f64 / latency_s;
+    let ratio = rate / allowed;
+    let peak_mb = c.peak_rss_kb.map(|kb| round1(kb as f64 / 1024.0));
+    let mut f = figure(
+        json!({
+            "steps_per_s": round1(rate),
+            "peak_rss_mb": peak_mb,
+        }),
+        json!({
+            "allowed_steps_per_s": round1(allowed),
+            "latency_bound_all_runs_at_once": round1(unbounded),
+        }),
+        "steps_per_s ≥ 80% of allowed_steps_per_s, peak_rss_mb < 200",
+        Some(ratio >= 0.8 && peak_mb.is_some_and(|m| m < 200.0) && c.failures.is_empty()),
+        "Runs driven through keel_engine::start with keel's openai driver against a fake \
+         OpenAI-compatible server on loopback that answers each request after 50 ms (note \
+         until the run's last step, then finish; acceptance verifier in keel's sandbox). \
+         keel's worker drives one run at a time, so the runs are driven from a bounded pool \
+         of threads (`pool`), each with its own store connection; all share one store and one \
+         git workspace. allowed_steps_per_s = pool / 0.05 s: what the model latency allows \
+         with that many runs in flight; latency_bound_all_runs_at_once = runs / 0.05 s. \
+         steps_per_s counts model answers over the wall time of all runs (run start, \
+         verification and checkpoints included). peak_rss_mb is VmHWM after the runs, reset \
+         before them (peak_reset says whether the reset worked).",
+    );
+    f.insert("ratio".into(), json!(round3(ratio)));
+    f.insert("runs".into(), json!(c.runs));
+    f.insert("completed".into(), json!(c.completed));
+    f.insert("pool".into(), json!(c.pool));
+    f.insert("steps_per_run".into(), json!(c.steps_per_run));
+    f.insert(
+        "model_latency_ms".into(),
+        json!(c.latency.as_millis() as u64),
+    );
+    f.insert("steps".into(), json!(c.steps));
+    f.insert("elapsed_s".into(), json!(round1(secs)));
+    f.insert(
+        "cpu_ms_per_step".into(),
+        json!({
+            "process": round3(c.cpu.process_us / 1000.0 / c.steps.max(1) as f64),
+            "children": round3(c.cpu.children_us / 1000.0 / c.steps.max(1) as f64),
+        }),
+    );
+    f.insert("peak_reset".into(), json!(c.peak_reset));
+    f.insert(
+        "failures".into(),
+        json!(c.failures.iter().take(5).collect::<Vec<_>>()),
+    );
+    f.insert("failed_runs".into(), json!(c.failures.len()));
+    Value::Object(f)
 }
 
-fn contract(context_tokens: u64) -> String {
-    format!(
-        r#"[task]
-goal = "Survey the five files and keep notes on them."
-
-[driver]
-kind = "script"
-script = "actions.jsonl"
-context_tokens = {context_tokens}
-
-[scope]
-writable = ["notes/**"]
-
-[[verify]]
-name = "files"
-tier = "acceptance"
-run = "test -f file0.txt && test -f file4.txt"
-
-[[phase]]
-name = "survey"
-kind = "agent"
-objective = "Read the files, keep notes and a plan, then finish."
-tools = ["read", "note", "plan", "finish"]
-"#
-    )
-}
-
-/// xorshift64*: deterministic, so every run of the benchmark replays the same script.
-/// Bytes of every file under `dir`.
-fn size(dir: &Path) -> Result<u64> {
-    let mut total = 0;
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let meta = entry.metadata()?;
-        total += if meta.is_dir() {
-            size(&entry.path())?
-        } else {
-            meta.len()
-        };
+fn print_text(r: &Value) {
+    let Some(map) = r.as_object() else { return };
+    for (key, value) in map {
+        match value.get("value") {
+            Some(v) => println!(
+                "{key}: {v} (reference {}; target: {}; met: {})",
+                value["reference"], value["target"], value["meets_target"]
+            ),
+            None if !value.is_object() => println!("{key}: {value}"),
+            None => {}
+        }
     }
-    Ok(total)
 }

@@ -700,3 +700,121 @@ fn drift_while_blocked_on_a_budget_is_what_the_run_reports_after_the_raise() {
         ALL_LETTERS
     );
 }
+
+/// The environment changes while an agent step waits for a person to approve one of its
+/// calls. keel cannot migrate in the middle of a step (the step's calls were recorded against
+/// the old environment), so it blocks and says how to go on; `--migrate` there is refused with
+/// the same directions and changes nothing. Put back, the step finishes once the call is
+/// approved, and the call is made once.
+#[test]
+fn drift_in_the_middle_of_an_agent_step_is_refused_a_migration_and_says_how_to_go_on() {
+    let outside = tempfile::tempdir().unwrap();
+    let script = outside.path().join("script.jsonl");
+    std::fs::write(
+        &script,
+        [
+            r#"{"tool": "record", "args": {"item": "release-1"}}"#,
+            r#"{"tool": "finish", "args": {"summary": "recorded"}}"#,
+        ]
+        .join("\n")
+            + "\n",
+    )
+    .unwrap();
+    let contract = format!(
+        r#"
+[task]
+goal = "The release is recorded."
+
+[driver]
+kind = "script"
+script = "{}"
+
+[scope]
+writable = ["releases.txt"]
+
+[approvals]
+require = ["irreversible"]
+
+[[verify]]
+name = "recorded"
+tier = "acceptance"
+run = "grep -q release-1 releases.txt"
+
+[[phase]]
+name = "record"
+kind = "agent"
+objective = "Record the release."
+tools = ["record", "finish"]
+done_when = []
+
+[[tool]]
+name = "record"
+description = "Record a release."
+run = ["sh", "-c", "echo \"$0\" >> releases.txt", "{{item}}"]
+parameters = {{ item = {{ type = "string" }} }}
+reversibility = "irreversible"
+"#,
+        script.display()
+    );
+    let f = Fixture::new(&contract);
+    let (id, out) = f.start(&[]);
+    assert_eq!(out.status.code(), Some(3), "{}", f.explain(&out));
+    git(
+        f.root(),
+        &["commit", "-q", "--allow-empty", "-m", "meanwhile"],
+    );
+
+    let out = f.expect(&["resume", &id], 4);
+    let st = f.status(&id);
+    assert_eq!(state(&st), "blocked", "{st:#}");
+    let reason = st["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("middle of step 1.1")
+            && reason.contains("HEAD changed")
+            && reason.contains("step boundary"),
+        "{}",
+        f.explain(&out)
+    );
+    let before = f.events(&id).len();
+    let out = f.expect(&["resume", &id, "--migrate", "--reason", "on purpose"], 2);
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("step boundary") && text.contains("put it back"),
+        "{text}"
+    );
+    let after: Vec<String> = kinds(&f.events(&id)[before..]);
+    assert!(
+        after.iter().all(|k| k == "resumed"),
+        "a refused migration records nothing but the process taking the run: {after:?}"
+    );
+    assert!(!f.path("releases.txt").exists());
+
+    git(f.root(), &["reset", "-q", "--hard", "HEAD~1"]);
+    let request = f.status(&id)["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["decision"].is_null())
+        .cloned()
+        .unwrap();
+    assert_eq!(request["gate"]["gate"], "tool_call", "{request:#}");
+    f.expect(
+        &[
+            "approve",
+            &id,
+            &request["n"].as_u64().unwrap().to_string(),
+            "--payload-hash",
+            request["payload_hash"].as_str().unwrap(),
+            "--reason",
+            "fine",
+        ],
+        0,
+    );
+    f.expect(&["resume", &id], 0);
+    assert_eq!(
+        std::fs::read_to_string(f.path("releases.txt")).unwrap(),
+        "release-1\n",
+        "the call was made once"
+    );
+    f.verify_log_ok(&id);
+}

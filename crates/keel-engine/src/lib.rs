@@ -584,13 +584,7 @@ pub fn resume(
             what: "it is frozen (an incident hold); lift it with `keel unfreeze RUN --reason \"…\"` first".into(),
         });
     }
-    let (_, source) =
-        store
-            .contract(&run.contract_hash)?
-            .ok_or_else(|| EngineError::ContractMissing {
-                run: id.clone(),
-                hash: run.contract_hash.clone(),
-            })?;
+    let source = stored_contract(store, &id, &run.contract_hash)?;
     let contract = Contract::parse(&run.contract_file, &source)?;
     let env = open_environment(store, Path::new(&run.workspace))?;
     let contract_dir = Path::new(&run.contract_file)
@@ -842,13 +836,7 @@ pub fn unblock(
     }
     // What resume will need must be at hand before anything is raised: a raise that cannot be
     // followed by a resume would be repeated by the next attempt.
-    let (_, source) =
-        store
-            .contract(&run.contract_hash)?
-            .ok_or_else(|| EngineError::ContractMissing {
-                run: id.clone(),
-                hash: run.contract_hash.clone(),
-            })?;
+    let source = stored_contract(store, &id, &run.contract_hash)?;
     let contract = Contract::parse(&run.contract_file, &source)?;
     let contract_dir = Path::new(&run.contract_file)
         .parent()
@@ -1037,6 +1025,12 @@ pub fn verify_log(store: &Store, run_id: &str) -> Result<LogReport, EngineError>
         }
     }
     if let Some(r) = &run {
+        match stored_contract(store, &id, &r.contract_hash) {
+            Ok(_) => {}
+            Err(EngineError::DamagedLog { problem, .. }) => problems.push(problem),
+            Err(e @ EngineError::ContractMissing { .. }) => problems.push(e.to_string()),
+            Err(e) => return Err(e),
+        }
         artifacts.extend(r.artifacts());
         match store.run(&id) {
             Ok(projected) if problems.is_empty() && *r != projected => problems.push(
@@ -1062,6 +1056,24 @@ pub fn verify_log(store: &Store, run_id: &str) -> Result<LogReport, EngineError>
         artifacts_checked: artifacts.len() as u64,
         problems,
     })
+}
+
+/// The exact contract text a run was started with, checked against its hash (the contract
+/// version): a stored text that no longer matches is damage, never a contract to run.
+fn stored_contract(store: &Store, run: &str, hash: &str) -> Result<String, EngineError> {
+    let (_, source) = store
+        .contract(hash)?
+        .ok_or_else(|| EngineError::ContractMissing {
+            run: run.to_string(),
+            hash: hash.to_string(),
+        })?;
+    if blake3::hash(source.as_bytes()).to_hex().as_str() != hash {
+        return Err(EngineError::DamagedLog {
+            run: run.to_string(),
+            problem: format!("the stored text of its contract does not match its hash {hash}"),
+        });
+    }
+    Ok(source)
 }
 
 impl Engine<'_> {
@@ -1760,6 +1772,35 @@ impl Engine<'_> {
                     }
                     _ => None,
                 });
+        // A migration takes the new environment as the run's base at a step boundary. An
+        // agent step in progress (waiting for a person, or interrupted) recorded its calls
+        // against the old one, and undoing its out-of-scope changes at its end would undo the
+        // person's change too: keel refuses to migrate there and says how to go on.
+        if let Some(step) = self.run.in_progress.as_ref().map(|p| p.step) {
+            let put_back = format!(
+                "run {id} is in the middle of step {step}, and the environment changed: {}. keel \
+                 migrates only at a step boundary: put it back and `keel resume {id}` so that the \
+                 step finishes (deciding what it waits for), then make the change again and \
+                 `keel resume {id} --migrate --reason \"…\"`",
+                described.join("; "),
+                id = self.run.id
+            );
+            if options.migrate.is_some() {
+                return Err(EngineError::Usage(put_back));
+            }
+            let mut bodies = vec![EventBody::DriftDetected {
+                changes: changes.clone(),
+            }];
+            if self.run.state != RunState::Blocked {
+                bodies.push(self.state_change(
+                    RunState::Blocked,
+                    &put_back,
+                    Some(Block::Drift { changes }),
+                ));
+            }
+            self.commit(bodies)?;
+            return Ok(false);
+        }
         let options = match (&options.migrate, approved) {
             (None, Some((n, by, reason))) => {
                 let actor = Actor {

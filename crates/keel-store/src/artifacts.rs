@@ -77,10 +77,18 @@ impl Artifacts {
         }
         let parent = target.parent().unwrap_or(&self.dir).to_path_buf();
         fs::create_dir_all(&parent).map_err(|e| StoreError::io(&parent, e))?;
-        let tmp = parent.join(format!(".{hash}.{}.tmp", std::process::id()));
+        // Unique per write, not only per process: two threads storing the same bytes at once
+        // must not share a temporary file (the second rename would find it gone).
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = parent.join(format!(".{hash}.{}.{n}.tmp", std::process::id()));
         let result = (|| {
             let mut file = File::create(&tmp)?;
             fill(&mut file)?;
+            // `KEEL_STORE_FAULT=artifact-fsync@N` fails this fsync (see `fault.rs`).
+            if let Some(e) = crate::fault::next_artifact() {
+                return Err(e);
+            }
             file.sync_all()?;
             fs::rename(&tmp, &target)?;
             File::open(&parent)?.sync_all()

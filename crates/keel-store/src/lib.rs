@@ -9,6 +9,8 @@
 //! Large payloads live in the content-addressed [`Artifacts`] store beside the database.
 
 mod artifacts;
+mod fault;
+mod group;
 mod schema;
 mod verify;
 
@@ -20,6 +22,7 @@ use keel_core::run::Run;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 pub use artifacts::Artifacts;
+pub use group::{GroupCommitter, GroupError, GroupHandle, GroupOptions, GroupStats, Pending};
 pub use verify::{ChainProblem, verify_chain};
 
 #[derive(Debug, thiserror::Error)]
@@ -292,7 +295,7 @@ impl Store {
             now_ms + ttl_ms,
         )
         .map_err(|e| e.into_store(&path))?;
-        tx.commit().map_err(sql)?;
+        finish(tx).map_err(sql)?;
         Ok(lease)
     }
 
@@ -416,7 +419,7 @@ impl Store {
             .map_err(sql)?;
         write_events(&tx, lease, events, run, checkpoint, lease_until_ms)
             .map_err(|e| e.into_store(&path))?;
-        tx.commit().map_err(sql)
+        finish(tx).map_err(sql)
     }
 
     /// Cuts a torn tail: removes the events from `from_seq` on (and the checkpoints and evidence
@@ -469,7 +472,7 @@ impl Store {
         .map_err(sql)?;
         write_events(&tx, lease, events, run, None, lease_until_ms)
             .map_err(|e| e.into_store(&path))?;
-        tx.commit().map_err(sql)
+        finish(tx).map_err(sql)
     }
 
     /// Resolves a run id or a unique prefix of one.
@@ -688,7 +691,23 @@ impl Store {
         )
         .map_err(sql)?;
         write_events(&tx, lease, &[], run, None, 0).map_err(|e| e.into_store(&path))?;
-        tx.commit().map_err(sql)
+        finish(tx).map_err(sql)
+    }
+}
+
+/// Commits a transaction that appends events or rewrites a projection. This is where
+/// `KEEL_STORE_FAULT` makes a commit fail, or succeed and report a failure (see `fault.rs`).
+fn finish(tx: rusqlite::Transaction<'_>) -> Result<(), rusqlite::Error> {
+    match fault::next_commit() {
+        None => tx.commit(),
+        Some((fault::CommitFault::Error, n)) => {
+            tx.rollback()?;
+            Err(fault::commit_error(fault::CommitFault::Error, n))
+        }
+        Some((fault::CommitFault::LostAck, n)) => {
+            tx.commit()?;
+            Err(fault::commit_error(fault::CommitFault::LostAck, n))
+        }
     }
 }
 

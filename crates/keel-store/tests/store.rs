@@ -297,3 +297,45 @@ fn like_wildcards_in_a_prefix_match_themselves_only() {
         );
     }
 }
+
+/// Threads of one process storing the same bytes at once each get the blob; none finds its
+/// temporary file taken by another (found by keel-bench driving many runs in one process).
+#[test]
+fn the_same_artifact_stored_by_many_threads_at_once_is_stored_for_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifacts = std::sync::Arc::new(keel_store::Artifacts::new(dir.path().join("artifacts")));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let artifacts = artifacts.clone();
+            std::thread::spawn(move || {
+                (0..40)
+                    .map(|i| artifacts.put(format!("the same bytes {i}").as_bytes()))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    for t in threads {
+        for result in t.join().unwrap() {
+            let hash = result.expect("every put succeeds");
+            assert!(artifacts.verify(&hash).unwrap());
+        }
+    }
+    let leftovers: Vec<_> = walk(dir.path())
+        .into_iter()
+        .filter(|p| p.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+fn walk(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path.display().to_string());
+        }
+    }
+    out
+}

@@ -1,0 +1,299 @@
+//! Many runs in one process against a model that answers after 50 ms.
+//!
+//! The model is a fake OpenAI-compatible server on loopback (plain HTTP/1.1, a thread per
+//! connection) that waits `latency` before each answer; runs reach it through keel's real
+//! `openai` driver (keel-llm's client over reqwest). Each run has its own model name, so the
+//! server knows which run is asking: it answers `note` (a different text each time, so no
+//! loop is seen) until the run's last step, then `finish`.
+//!
+//! keel's worker drives one run at a time, so the benchmark drives the runs from a bounded
+//! pool of threads, each with its own store connection, each calling `keel_engine::start` for
+//! the next run until none is left. All runs share one store and one git workspace (their
+//! contracts live outside it, so they are not part of its tree).
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow};
+use keel_core::state::RunState;
+use keel_engine::{Actor, DriverOverride, NewRun, Quiet};
+use keel_store::Store;
+use serde_json::json;
+
+use crate::util;
+
+pub struct Concurrent {
+    pub runs: usize,
+    pub pool: usize,
+    pub steps_per_run: usize,
+    pub latency: Duration,
+    pub elapsed: Duration,
+    pub steps: u64,
+    pub completed: usize,
+    pub failures: Vec<String>,
+    pub peak_rss_kb: Option<u64>,
+    pub peak_reset: bool,
+    pub cpu: util::Cpu,
+}
+
+pub fn measure(
+    base: &Path,
+    runs: usize,
+    pool: usize,
+    steps_per_run: usize,
+    latency: Duration,
+) -> Result<Concurrent> {
+    let dir = tempfile::tempdir_in(base)?;
+    let ws = dir.path().join("ws");
+    util::workspace(&ws)?;
+    let server = FakeModel::start(latency, steps_per_run)?;
+    let contracts = dir.path().join("contracts");
+    std::fs::create_dir_all(&contracts)?;
+    for i in 0..runs {
+        std::fs::write(
+            contracts.join(format!("run{i}.toml")),
+            contract(i, &server.url),
+        )?;
+    }
+    let db = ws.join(".keel").join("keel.db");
+    Store::open(&db)?;
+
+    let peak_reset = util::reset_peak_rss();
+    let cpu_before = util::cpu();
+    let next = AtomicUsize::new(0);
+    let failures = Mutex::new(Vec::new());
+    let completed = AtomicUsize::new(0);
+    let actor = Actor::current();
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..pool.min(runs) {
+            s.spawn(|| {
+                let fail = |what: String| {
+                    if let Ok(mut f) = failures.lock() {
+                        f.push(what);
+                    }
+                };
+                let mut store = match Store::open(&db) {
+                    Ok(s) => s,
+                    Err(e) => return fail(e.to_string()),
+                };
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    if i >= runs {
+                        break;
+                    }
+                    match drive(&mut store, &contracts.join(format!("run{i}.toml")), &actor) {
+                        Ok(RunState::Completed) => {
+                            completed.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Ok(state) => fail(format!("run {i} ended {state}")),
+                        Err(e) => fail(format!("run {i}: {e:#}")),
+                    }
+                }
+            });
+        }
+    });
+    let elapsed = started.elapsed();
+    let cpu_after = util::cpu();
+    let peak_rss_kb = util::status_kb("VmHWM");
+    let steps = server.answered.load(Ordering::SeqCst) as u64;
+    server.stop();
+    Ok(Concurrent {
+        runs,
+        pool: pool.min(runs),
+        steps_per_run,
+        latency,
+        elapsed,
+        steps,
+        completed: completed.load(Ordering::SeqCst),
+        failures: failures.into_inner().unwrap_or_default(),
+        peak_rss_kb,
+        peak_reset,
+        cpu: util::Cpu {
+            process_us: cpu_after.process_us - cpu_before.process_us,
+            children_us: cpu_after.children_us - cpu_before.children_us,
+        },
+    })
+}
+
+fn drive(store: &mut Store, contract_path: &Path, actor: &Actor) -> Result<RunState> {
+    let contract = keel_engine::load_contract(contract_path)?;
+    let id = keel_engine::new_run_id();
+    let run = keel_engine::start(
+        store,
+        NewRun {
+            contract_path,
+            contract,
+            run_id: &id,
+            choice: &DriverOverride::default(),
+            detach: false,
+        },
+        actor,
+        &mut Quiet,
+        &mut |_| {},
+    )?;
+    if run.state != RunState::Completed {
+        return Err(anyhow!("run ended {}: {}", run.state, run.reason));
+    }
+    Ok(run.state)
+}
+
+fn contract(i: usize, url: &str) -> String {
+    format!(
+        r#"[task]
+goal = "Keep notes on the five files."
+
+[workspace]
+path = "../ws"
+
+[driver]
+kind = "openai"
+model = "bench-run-{i}"
+base_url = "{url}/v1"
+context_tokens = 4000
+max_output_tokens = 256
+timeout = "60s"
+max_retries = 0
+
+[scope]
+writable = ["notes/**"]
+
+[[verify]]
+name = "files"
+tier = "acceptance"
+run = "test -f file0.txt"
+
+[[phase]]
+name = "notes"
+kind = "agent"
+objective = "Keep a note on each file, then finish."
+tools = ["read", "note", "finish"]
+"#
+    )
+}
+
+/// The fake model server.
+struct FakeModel {
+    url: String,
+    answered: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FakeModel {
+    fn start(latency: Duration, steps_per_run: usize) -> Result<FakeModel> {
+        let listener = TcpListener::bind("127.0.0.1:0").context("binding the fake model")?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let answered = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let calls: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+        let thread = {
+            let (answered, stop) = (answered.clone(), stop.clone());
+            std::thread::spawn(move || {
+                for conn in listener.incoming() {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let Ok(conn) = conn else { continue };
+                    let (answered, calls) = (answered.clone(), calls.clone());
+                    std::thread::spawn(move || {
+                        let _ = serve(conn, latency, steps_per_run, &calls, &answered);
+                    });
+                }
+            })
+        };
+        Ok(FakeModel {
+            url,
+            answered,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    fn stop(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wakes the accept loop so it sees the flag.
+        if let Some(addr) = self.url.strip_prefix("http://") {
+            let _ = TcpStream::connect(addr);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One connection: requests until the client closes it, each answered after `latency`.
+fn serve(
+    conn: TcpStream,
+    latency: Duration,
+    steps_per_run: usize,
+    calls: &Mutex<HashMap<String, usize>>,
+    answered: &AtomicUsize,
+) -> Result<()> {
+    let mut reader = BufReader::new(conn.try_clone()?);
+    let mut conn = conn;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        let mut length = 0usize;
+        loop {
+            let mut header = String::new();
+            reader.read_line(&mut header)?;
+            let header = header.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = header.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body)?;
+        let request: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        let model = request["model"].as_str().unwrap_or("").to_string();
+        let n = {
+            let mut calls = calls.lock().map_err(|_| anyhow!("poisoned"))?;
+            let n = calls.entry(model.clone()).or_insert(0);
+            *n += 1;
+            *n
+        };
+        std::thread::sleep(latency);
+        let call = if n >= steps_per_run {
+            json!({"name": "finish", "arguments": json!({"summary": "notes kept"}).to_string()})
+        } else {
+            json!({"name": "note", "arguments": json!({"text": format!("{model}: fact {n} about file{}.txt", n % 5)}).to_string()})
+        };
+        let reply = json!({
+            "id": format!("chatcmpl-{model}-{n}"),
+            "object": "chat.completion",
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": null,
+                    "tool_calls": [{"id": format!("call_{n}"), "type": "function", "function": call}],
+                },
+                "finish_reason": "tool_calls",
+            }],
+            "usage": {"prompt_tokens": 900, "completion_tokens": 20},
+        })
+        .to_string();
+        answered.fetch_add(1, Ordering::SeqCst);
+        write!(
+            conn,
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{reply}",
+            reply.len()
+        )?;
+        conn.flush()?;
+    }
+}

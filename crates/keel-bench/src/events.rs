@@ -1,0 +1,172 @@
+//! Events appended per second by concurrent writers, with and without group commit.
+//!
+//! W writer threads each own a run and append synthetic `note` steps (8 events in 7 commits,
+//! grouped as the engine groups them). Without group commit each writer has its own store
+//! connection and every commit is its own transaction and fsync (`Store::commit`, what keel
+//! does today). With group commit every writer hands its commits to one `GroupCommitter`,
+//! which puts whatever is waiting into one transaction and one fsync. Each mode writes to a
+//! fresh database in the same directory.
+
+use std::path::Path;
+use std::sync::Barrier;
+use std::time::Instant;
+
+use anyhow::{Context, Result, anyhow};
+use keel_core::event::{Event, EventBody};
+use keel_core::run::Run;
+use keel_store::{GroupCommitter, GroupOptions, Store};
+use serde_json::{Value, json};
+
+use crate::synth::{Sink, SynthRun, Template};
+use crate::util::round1;
+
+pub struct Trial {
+    pub writers: usize,
+    pub events: u64,
+    pub commits: u64,
+    pub separate_events_per_s: f64,
+    pub group_events_per_s: f64,
+    pub mean_batch: f64,
+    pub largest_batch: u64,
+}
+
+impl Trial {
+    pub fn report(&self) -> Value {
+        json!({
+            "writers": self.writers,
+            "events": self.events,
+            "commits": self.commits,
+            "group_commit": round1(self.group_events_per_s),
+            "without_group_commit": round1(self.separate_events_per_s),
+            "ratio": round1(self.group_events_per_s / self.separate_events_per_s.max(1e-9)),
+            "mean_commits_per_transaction": round1(self.mean_batch),
+            "largest_transaction": self.largest_batch,
+        })
+    }
+}
+
+pub fn measure(
+    base: &Path,
+    created: &Event,
+    template: &Template,
+    writers: usize,
+    steps: usize,
+) -> Result<Trial> {
+    let dir = tempfile::tempdir_in(base)?;
+
+    // Without group commit: a connection per writer.
+    let db = dir.path().join("separate").join("keel.db");
+    let runs = create_runs(&db, created, template, writers)?;
+    let barrier = Barrier::new(writers + 1);
+    let (elapsed, counts) = std::thread::scope(|s| -> Result<_> {
+        let mut threads = Vec::new();
+        for mut run in runs {
+            let barrier = &barrier;
+            let db = &db;
+            threads.push(s.spawn(move || -> Result<(u64, u64)> {
+                let mut store = Store::open(db)?;
+                barrier.wait();
+                write_steps(&mut Sink::Store(&mut store), &mut run, steps)
+            }));
+        }
+        barrier.wait();
+        let started = Instant::now();
+        let counts = join(threads)?;
+        Ok((started.elapsed(), counts))
+    })?;
+    let (events, commits) = counts;
+    let separate = events as f64 / elapsed.as_secs_f64();
+
+    // With group commit: one committer, a handle per writer.
+    let db = dir.path().join("group").join("keel.db");
+    let runs = create_runs(&db, created, template, writers)?;
+    let group = GroupCommitter::start(Store::open(&db)?, GroupOptions::default())?;
+    let barrier = Barrier::new(writers + 1);
+    let (elapsed, group_counts) = std::thread::scope(|s| -> Result<_> {
+        let mut threads = Vec::new();
+        for mut run in runs {
+            let barrier = &barrier;
+            let handle = group.handle();
+            threads.push(s.spawn(move || -> Result<(u64, u64)> {
+                barrier.wait();
+                write_steps(&mut Sink::Group(&handle), &mut run, steps)
+            }));
+        }
+        barrier.wait();
+        let started = Instant::now();
+        let counts = join(threads)?;
+        Ok((started.elapsed(), counts))
+    })?;
+    let stats = group.stats();
+    group
+        .stop()
+        .context("the group committer's thread failed")?;
+    let grouped = group_counts.0 as f64 / elapsed.as_secs_f64();
+    Ok(Trial {
+        writers,
+        events,
+        commits,
+        separate_events_per_s: separate,
+        group_events_per_s: grouped,
+        mean_batch: stats.commits as f64 / stats.batches.max(1) as f64,
+        largest_batch: stats.largest_batch,
+    })
+}
+
+fn join(threads: Vec<std::thread::ScopedJoinHandle<'_, Result<(u64, u64)>>>) -> Result<(u64, u64)> {
+    let mut total = (0, 0);
+    for t in threads {
+        let (e, c) = t
+            .join()
+            .map_err(|_| anyhow!("a writer thread panicked"))??;
+        total.0 += e;
+        total.1 += c;
+    }
+    Ok(total)
+}
+
+/// `writers` runs in a fresh store, each with its lease and a `resumed` record.
+fn create_runs(
+    db: &Path,
+    created: &Event,
+    template: &Template,
+    writers: usize,
+) -> Result<Vec<SynthRun>> {
+    let mut store = Store::open(db)?;
+    let mut runs = Vec::with_capacity(writers);
+    for _ in 0..writers {
+        let event = Event {
+            run_id: keel_engine::new_run_id(),
+            seq: 1,
+            at_ms: keel_engine::now_ms(),
+            body: created.body.clone(),
+        };
+        let run = Run::create(&event)?;
+        let lease =
+            store.create_run(&event, &run, "keel-bench", keel_engine::now_ms(), 3_600_000)?;
+        let mut synth = SynthRun::new(run, lease.clone(), template.clone());
+        synth.commit(
+            &mut Sink::Store(&mut store),
+            vec![EventBody::Resumed {
+                holder: "keel-bench".into(),
+                lease: lease.token,
+                checkpoint: None,
+            }],
+        )?;
+        runs.push(synth);
+    }
+    Ok(runs)
+}
+
+/// Appends `steps` steps, commit group by commit group; (events, commits) written.
+fn write_steps(sink: &mut Sink<'_>, run: &mut SynthRun, steps: usize) -> Result<(u64, u64)> {
+    let (mut events, mut commits) = (0, 0);
+    for _ in 0..steps {
+        for group in run.next_step()? {
+            events += group.len() as u64;
+            commits += 1;
+            run.commit(sink, group)?;
+        }
+    }
+    Ok((events, commits))
+}

@@ -1,0 +1,167 @@
+//! Small helpers: statistics, CPU time and memory of this process, git workspaces.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use nix::sys::resource::{UsageWho, getrusage};
+use serde_json::{Value, json};
+
+/// Median, 99th percentile, mean, min and max of `values` (any unit), rounded to 0.1.
+pub fn summary(values: &[f64]) -> Value {
+    let mut v: Vec<f64> = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    json!({
+        "median": round1(percentile(&v, 50.0)),
+        "p99": round1(percentile(&v, 99.0)),
+        "mean": round1(v.iter().sum::<f64>() / v.len().max(1) as f64),
+        "min": round1(v.first().copied().unwrap_or(0.0)),
+        "max": round1(v.last().copied().unwrap_or(0.0)),
+        "n": v.len(),
+    })
+}
+
+/// The `p`th percentile of sorted values (nearest rank).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    percentile(&v, 50.0)
+}
+
+pub fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+pub fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+pub fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// CPU time (user + system) so far, in microseconds: of this process, and of its children that
+/// have been waited for (git, sandboxed commands).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cpu {
+    pub process_us: f64,
+    pub children_us: f64,
+}
+
+pub fn cpu() -> Cpu {
+    let of = |who| {
+        getrusage(who)
+            .map(|u| {
+                let t =
+                    |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 * 1e6 + tv.tv_usec() as f64;
+                t(u.user_time()) + t(u.system_time())
+            })
+            .unwrap_or(0.0)
+    };
+    Cpu {
+        process_us: of(UsageWho::RUSAGE_SELF),
+        children_us: of(UsageWho::RUSAGE_CHILDREN),
+    }
+}
+
+/// A field of `/proc/self/status` in kB (`VmHWM`, `VmRSS`).
+pub fn status_kb(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+}
+
+/// Resets `VmHWM` to the current resident size (Linux: `5` to `/proc/self/clear_refs`), so the
+/// peak measured next belongs to what follows. Whether the kernel allowed it.
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+pub fn git(dir: &Path, args: &[&str]) -> Result<()> {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_AUTHOR_NAME", "keel-bench")
+        .env("GIT_AUTHOR_EMAIL", "keel-bench@localhost")
+        .env("GIT_COMMITTER_NAME", "keel-bench")
+        .env("GIT_COMMITTER_EMAIL", "keel-bench@localhost")
+        .output()
+        .context("running git (is it installed?)")?;
+    ensure!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// A git repository with five 200-line files to read (the survey's workspace).
+pub fn workspace(ws: &Path) -> Result<()> {
+    std::fs::create_dir_all(ws)?;
+    git(ws, &["init", "-q", "-b", "main"])?;
+    std::fs::write(ws.join("README.md"), "keel-bench workspace\n")?;
+    std::fs::write(ws.join(".gitignore"), ".keel/\n")?;
+    keel_test_support::survey::write_files(ws)?;
+    git(ws, &["add", "-A"])?;
+    git(ws, &["commit", "-q", "-m", "bench workspace"])
+}
+
+/// Bytes of every file under `dir`, and how many files.
+pub fn size(dir: &Path) -> Result<(u64, u64)> {
+    let mut total = (0, 0);
+    if !dir.exists() {
+        return Ok(total);
+    }
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        if meta.is_dir() {
+            let (b, n) = size(&entry.path())?;
+            total.0 += b;
+            total.1 += n;
+        } else {
+            total.0 += meta.len();
+            total.1 += 1;
+        }
+    }
+    Ok(total)
+}
+
+/// A figure of the report: its value(s), what it is compared with, the target, whether it is
+/// met (`null` for a reference, which has no target of its own), and how it was measured.
+pub fn figure(
+    value: Value,
+    reference: Value,
+    target: &str,
+    meets: Option<bool>,
+    note: &str,
+) -> serde_json::Map<String, Value> {
+    let mut m = serde_json::Map::new();
+    m.insert("value".into(), value);
+    m.insert("reference".into(), reference);
+    m.insert("target".into(), json!(target));
+    m.insert("meets_target".into(), json!(meets));
+    m.insert("note".into(), json!(note));
+    m
+}

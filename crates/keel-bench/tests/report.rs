@@ -1,0 +1,87 @@
+//! The report's shape: `keel-bench --quick --json` (made smaller still) prints one JSON object
+//! with every figure, each with its value, reference, target, verdict and note. No timing is
+//! asserted.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+
+use serde_json::Value;
+
+const FIGURES: [&str; 7] = [
+    "sqlite_commit_us",
+    "step_overhead_us",
+    "cpu_us_per_step",
+    "prompt_tokens",
+    "resume_ms",
+    "events_per_s",
+    "concurrent_runs",
+];
+
+#[test]
+fn the_quick_report_is_json_with_every_figure() {
+    let out = Command::new(env!("CARGO_BIN_EXE_keel-bench"))
+        .args([
+            "--quick",
+            "--json",
+            "--steps",
+            "20",
+            "--runs",
+            "6",
+            // One run at a time: runs driven concurrently in one process can collide in the
+            // artifact store (two threads storing the same bytes share a temporary file name),
+            // which the full report shows as failed runs; this test checks the report's shape.
+            "--pool",
+            "1",
+            "--resume-sizes",
+            "100,1000",
+        ])
+        .output()
+        .expect("keel-bench runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "keel-bench failed ({})\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("the report is not one JSON value ({e}):\n{stdout}"));
+    for name in FIGURES {
+        let f = &report[name];
+        assert!(f.is_object(), "{name} is missing:\n{report:#}");
+        for key in ["value", "reference", "target", "note"] {
+            assert!(f.get(key).is_some(), "{name}.{key} is missing:\n{f:#}");
+        }
+        assert!(
+            f["meets_target"].is_boolean()
+                || (f["meets_target"].is_null() && name == "sqlite_commit_us"),
+            "{name}.meets_target must be true or false:\n{f:#}"
+        );
+        assert!(
+            f["note"].as_str().is_some_and(|n| !n.is_empty()),
+            "{name} says how it was measured"
+        );
+    }
+    for key in ["median", "p99"] {
+        assert!(
+            report["step_overhead_us"]["value"][key].is_number(),
+            "{key}"
+        );
+        assert!(
+            report["sqlite_commit_us"]["value"][key].is_number(),
+            "{key}"
+        );
+    }
+    assert!(report["resume_ms"]["value"]["events_100"].is_number());
+    assert!(report["resume_ms"]["value"]["events_1000"].is_number());
+    assert!(report["prompt_tokens"]["value"]["step_10"].is_number());
+    assert!(report["prompt_tokens"]["value"]["step_20"].is_number());
+    assert!(report["concurrent_runs"]["value"]["steps_per_s"].is_number());
+    assert_eq!(report["concurrent_runs"]["completed"], 6, "{report:#}");
+    assert!(report["step_breakdown"]["commits_per_step"].is_number());
+    for key in ["ms_per_step", "events", "store_bytes"] {
+        assert!(report[key].is_number(), "{key}");
+    }
+    assert_eq!(report["state"], "completed");
+}
