@@ -487,3 +487,96 @@ fn a_drift_block_asks_whether_to_migrate_and_an_approval_migrates() {
             .contains("my edit")
     );
 }
+
+/// A block's request waits in the inbox; the person settles the block on the command line
+/// instead (`keel unblock`, `keel resume --migrate`). The request is closed with what they did,
+/// so nobody approves it later, and approving it again changes nothing.
+#[test]
+fn a_request_beside_a_block_is_closed_when_a_person_settles_the_block_on_the_command_line() {
+    let outside = tempfile::tempdir().unwrap();
+    let marker = outside.path().join("m");
+    let text = contract(&marker)
+        .replace("approval = true\n", "")
+        .replace("[task]", "[budget]\nsteps = 1\n\n[task]");
+    let f = Fixture::new(&text);
+    let (id, out) = f.start(&[]);
+    assert_eq!(out.status.code(), Some(4), "{}", f.explain(&out));
+    let list = pending(&f);
+    assert_eq!(list.len(), 1, "{list:#?}");
+    assert_eq!(list[0]["gate"]["gate"], "budget_raise");
+    let hash = list[0]["payload_hash"].as_str().unwrap().to_string();
+    let out = f
+        .keel()
+        .args(["unblock", &id, "--budget", "steps=+5", "--reason", "more"])
+        .env("KEEL_USER", "bob")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", f.explain(&out));
+    assert!(pending(&f).is_empty(), "{:#?}", pending(&f));
+    let st = f.status(&id);
+    let decision = &st["approvals"][0]["decision"];
+    assert_eq!(decision["approve"], true, "{st:#}");
+    assert_eq!(decision["by"], "bob");
+    assert_eq!(decision["via"], "command line");
+    // One raise, the person's: +5 from 1.
+    let raises: Vec<Value> = f
+        .events(&id)
+        .into_iter()
+        .filter(|e| e["kind"] == "budget_raised")
+        .collect();
+    assert_eq!(raises.len(), 1, "{raises:#?}");
+    assert_eq!(raises[0]["body"]["to"], 6);
+    // Approving the closed request later is "already decided", and changes nothing.
+    let before = f.events(&id).len();
+    let out = f.run(&[
+        "approve",
+        &id,
+        "1",
+        "--payload-hash",
+        &hash,
+        "--reason",
+        "late",
+    ]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("already")
+            || String::from_utf8_lossy(&out.stderr).contains("already"),
+        "{}",
+        f.explain(&out)
+    );
+    assert_eq!(f.events(&id).len(), before);
+
+    // Drift: the migration request is closed by `keel resume --migrate`.
+    let f = Fixture::new(&contract(&marker));
+    let (id, out) = f.start(&[]);
+    assert_eq!(out.status.code(), Some(3), "{}", f.explain(&out));
+    let gate = pending(&f)[0].clone();
+    f.expect(
+        &[
+            "approve",
+            &id,
+            "1",
+            "--payload-hash",
+            gate["payload_hash"].as_str().unwrap(),
+            "--reason",
+            "go",
+        ],
+        0,
+    );
+    common::git(
+        f.root(),
+        &["commit", "-q", "--allow-empty", "-m", "meanwhile"],
+    );
+    f.expect(&["resume", &id], 4);
+    let list = pending(&f);
+    assert_eq!(list.len(), 1, "{list:#?}");
+    assert_eq!(list[0]["gate"]["gate"], "migration");
+    f.expect(&["resume", &id, "--migrate", "--reason", "rebased"], 0);
+    assert!(pending(&f).is_empty(), "{:#?}", pending(&f));
+    let st = f.status(&id);
+    assert_eq!(state(&st), "completed");
+    assert_eq!(
+        st["approvals"][1]["decision"]["via"], "command line",
+        "{st:#}"
+    );
+    f.verify_log_ok(&id);
+}

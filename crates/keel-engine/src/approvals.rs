@@ -502,6 +502,10 @@ impl Engine<'_> {
         if !d.approve {
             return Ok(false);
         }
+        // Closed by a raise a person made with `keel unblock`: that raise is the one that counts.
+        if d.via == crate::SETTLED_ON_THE_COMMAND_LINE {
+            return Ok(true);
+        }
         let from = self.run.limits.get(stop.budget);
         if from.is_some_and(|f| f < *to) {
             let body = EventBody::BudgetRaised {

@@ -881,10 +881,43 @@ pub fn unblock(
         })?;
         events.push(event);
     }
+    // The request that stands beside the block asked a person for this raise; the person
+    // answered on the command line, so it is closed, not left in the inbox to be approved later.
+    let beside = next.pending_approval().and_then(|a| match a.request.gate {
+        Gate::BudgetRaise { budget, .. } if raises.iter().any(|(b, _)| *b == budget) => {
+            Some((a.request.n, a.request.payload_hash.clone()))
+        }
+        _ => None,
+    });
+    if let Some((n, payload_hash)) = beside {
+        let event = Event {
+            run_id: id.clone(),
+            seq: next.seq + 1,
+            at_ms: now_ms(),
+            body: EventBody::ApprovalDecided {
+                n,
+                approve: true,
+                payload_hash,
+                by: actor.by.clone(),
+                reason: format!("settled with `keel unblock`: {reason}"),
+                via: SETTLED_ON_THE_COMMAND_LINE.into(),
+            },
+        };
+        next.apply(&event).map_err(|source| EngineError::Apply {
+            run: id.clone(),
+            source,
+        })?;
+        events.push(event);
+    }
     store.commit(&lease, &events, &next, None, now_ms() + LEASE_TTL_MS)?;
     store.release(&lease)?;
     resume(store, &id, &ResumeOptions::default(), actor, observer)
 }
+
+/// The `via` of a decision keel records when a person settles a block on the command line
+/// (`keel unblock`, `keel resume --migrate`) while a request for the same thing waits in the
+/// inbox: the request is closed with what the person did, and carries nothing more out.
+pub const SETTLED_ON_THE_COMMAND_LINE: &str = "command line";
 
 /// Stops a run for good as `failed`, recording who and why. A process driving it loses its
 /// lease and stops at its next write.
@@ -1854,6 +1887,21 @@ impl Engine<'_> {
             by: actor.by.clone(),
             fingerprint: now,
         }];
+        // A migration request waiting in the inbox is settled by this one.
+        if let Some(a) = self
+            .run
+            .pending_approval()
+            .filter(|a| matches!(a.request.gate, Gate::Migration))
+        {
+            bodies.push(EventBody::ApprovalDecided {
+                n: a.request.n,
+                approve: true,
+                payload_hash: a.request.payload_hash.clone(),
+                by: actor.by.clone(),
+                reason: format!("settled with `keel resume --migrate`: {reason}"),
+                via: SETTLED_ON_THE_COMMAND_LINE.into(),
+            });
+        }
         if drift_block {
             bodies.push(self.state_change(
                 RunState::Executing,
