@@ -197,6 +197,11 @@ fn the_fixtures_cover_the_vocabulary() {
         "drift_detected",
         "migrated",
         "cancelled",
+        "step_failed",
+        "step_rolled_back",
+        "loop_detected",
+        "notified",
+        "tail_cut",
     ] {
         assert!(kinds.contains(kind), "no fixture has a `{kind}` event");
     }

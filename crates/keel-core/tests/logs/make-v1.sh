@@ -163,4 +163,45 @@ git add -A; git commit -q -m contract
 "$keel" cancel "$(id)" --reason "fixture: cancelled" >/dev/null || true  # exit 5: failed
 [ "$(st)" = failed ] || { echo "refused: ended $(st)" >&2; exit 1; }
 dump refused
+# 3. failures: a step that fails once and runs again, a notification for an approval request,
+#    and a torn last event cut back on resume.
+repo failures
+mkdir -p "$work/marks"
+cat > keel.toml <<TOML
+[task]
+goal = "out.txt says ok; shipped.txt exists."
+
+[approvals]
+notify = "true"
+
+[[verify]]
+name = "ok"
+tier = "acceptance"
+run = "grep -qx ok out.txt && test -f shipped.txt"
+
+[[phase]]
+name = "flaky"
+kind = "command"
+run = ["if [ -f $work/marks/once ]; then echo ok > out.txt; else touch $work/marks/once; exit 1; fi"]
+
+[[phase]]
+name = "ship"
+kind = "command"
+approval = true
+run = ["echo shipped > shipped.txt"]
+done_when = []
+
+[sandbox]
+writable = ["$work/marks"]
+TOML
+git add -A; git commit -q -m contract
+"$keel" run keel.toml >/dev/null 2>&1 || true
+decide approve 1
+"$keel" resume "$(id)" >/dev/null 2>&1 || true
+[ "$(st)" = completed ] || { echo "failures: ended $(st)" >&2; exit 1; }
+# A torn last write: the completion event's body cut short; resume cuts it and completes again.
+sqlite3 .keel/keel.db "UPDATE events SET body = substr(body, 1, 20) WHERE seq = (SELECT max(seq) FROM events)"
+"$keel" resume "$(id)" >/dev/null 2>&1 || true
+[ "$(st)" = completed ] || { echo "failures: after the cut, ended $(st)" >&2; exit 1; }
+dump failures
 echo "wrote $(ls "$out" | wc -l) files to $out"
