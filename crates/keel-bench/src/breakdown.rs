@@ -169,7 +169,8 @@ impl Breakdown {
             "note": "Each part timed alone after the survey run, on its workspace and store. \
                      commits_per_step counts the transactions the engine makes per step \
                      (one per step_started, model_requested, model_replied, policy_decision, \
-                     tool_call_finished, step_finished, step_verified); each is one fsync of \
+                     tool_call_finished, and step_finished with step_verified when no step \
+                     verifier runs between them); each is one fsync of \
                      the WAL. Each artifact is fsynced twice (the file, then its directory). \
                      store_commit_us_late is the same commit on a run that already has \
                      late_run_steps steps: every commit rewrites the whole projection (which \

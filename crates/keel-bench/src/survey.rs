@@ -198,22 +198,22 @@ impl Survey {
             .unwrap_or(0);
         let window = self.events.get(first..=last).unwrap_or_default();
         // The engine commits each of these kinds in a transaction of its own, with the events
-        // that accompany it (a note, a plan, a finish claim, a settled effect); see agent.rs.
+        // that accompany it (a note, a plan, a finish claim, a settled effect); see agent.rs. A
+        // `step_verified` right after its `step_finished` shares that commit (no step verifier
+        // ran between them).
         let commits = window
             .iter()
-            .filter(|e| {
-                matches!(
-                    e.kind.as_str(),
-                    "step_started"
-                        | "model_requested"
-                        | "model_replied"
-                        | "policy_decision"
-                        | "tool_call_finished"
-                        | "scope_reverted"
-                        | "step_finished"
-                        | "step_verified"
-                        | "step_failed"
-                )
+            .enumerate()
+            .filter(|(i, e)| match e.kind.as_str() {
+                "step_started" | "model_requested" | "model_replied" | "policy_decision"
+                | "tool_call_finished" | "scope_reverted" | "step_finished" | "step_failed" => true,
+                "step_verified" => {
+                    i.checked_sub(1)
+                        .and_then(|p| window.get(p))
+                        .map(|p| p.kind.as_str())
+                        != Some("step_finished")
+                }
+                _ => false,
             })
             .count();
         (window.len(), commits)

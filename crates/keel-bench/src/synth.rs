@@ -8,7 +8,8 @@
 //! `Run::apply` before it is committed, and the store checks token, log head and chain as for
 //! any commit, so the log is one the engine would accept. Commits are grouped the way the engine
 //! groups them (`agent.rs`): one commit per event, except that `note_added` and its
-//! `tool_call_finished` share one.
+//! `tool_call_finished` share one, and so do `step_finished` and `step_verified` (no step
+//! verifier runs for a step that changed nothing).
 
 use anyhow::{Context, Result, bail, ensure};
 use keel_core::event::{Event, EventBody, StepId};
@@ -96,7 +97,7 @@ impl Template {
             let body: EventBody = serde_json::from_value(body)
                 .with_context(|| format!("a synthetic {kind} event does not decode"))?;
             match (kind.as_str(), groups.last_mut()) {
-                ("tool_call_finished", Some(last)) => last.push(body),
+                ("tool_call_finished" | "step_verified", Some(last)) => last.push(body),
                 _ => groups.push(vec![body]),
             }
         }

@@ -1227,7 +1227,10 @@ impl Engine<'_> {
                 }])?;
             }
         }
-        let post = self.env.fingerprint(&self.contract)?;
+        // `now` is the tree as the step leaves it, computed just above.
+        let post = self
+            .env
+            .fingerprint_with_tree(&self.contract, now.clone())?;
         let base_tree = self.run.base.tree.clone();
         let whole = self.env.git.diff(&base_tree, &post.tree)?;
         let files_written = if post.tree == pre {
@@ -1237,7 +1240,7 @@ impl Engine<'_> {
         };
         let signature = blake3::hash(outcomes.join("\n").as_bytes()).to_hex()[..16].to_string();
         let output = self.store.artifacts().put(outcomes.join("\n").as_bytes())?;
-        self.commit(vec![EventBody::StepFinished {
+        let finished = EventBody::StepFinished {
             step: id,
             signature: Some(signature),
             status: "decided".into(),
@@ -1249,30 +1252,37 @@ impl Engine<'_> {
             files_written,
             diff_files: whole.files_changed,
             diff_lines: whole.lines_added + whole.lines_removed,
-        }])?;
-        if now != pre {
-            let verifiers: Vec<Verifier> =
-                self.contract.verifiers_of(Tier::Step).cloned().collect();
-            for v in verifiers {
-                let evidence = self.run_verifier(&v, Some(id), None, &post)?;
-                if !evidence.passed {
-                    let (fp, excerpt) = error_fingerprint(
-                        &v.name,
-                        &evidence.status,
-                        evidence.excerpt.as_deref().unwrap_or(""),
-                    );
-                    return self.commit(vec![EventBody::StepFailed {
-                        step: id,
-                        reason: format!(
-                            "step verifier `{}` failed ({}), evidence #{}",
-                            v.name, evidence.status, evidence.n
-                        ),
-                        error_fingerprint: fp,
-                        excerpt,
-                        rolled_back: Vec::new(),
-                        kept: true,
-                    }]);
-                }
+        };
+        let verifiers: Vec<Verifier> = if now != pre {
+            self.contract.verifiers_of(Tier::Step).cloned().collect()
+        } else {
+            Vec::new()
+        };
+        // With no step verifier to run, nothing happens between the step's end and its
+        // verification: one commit (one fsync) records both.
+        if verifiers.is_empty() {
+            return self.commit(vec![finished, EventBody::StepVerified { step: id }]);
+        }
+        self.commit(vec![finished])?;
+        for v in verifiers {
+            let evidence = self.run_verifier(&v, Some(id), None, &post)?;
+            if !evidence.passed {
+                let (fp, excerpt) = error_fingerprint(
+                    &v.name,
+                    &evidence.status,
+                    evidence.excerpt.as_deref().unwrap_or(""),
+                );
+                return self.commit(vec![EventBody::StepFailed {
+                    step: id,
+                    reason: format!(
+                        "step verifier `{}` failed ({}), evidence #{}",
+                        v.name, evidence.status, evidence.n
+                    ),
+                    error_fingerprint: fp,
+                    excerpt,
+                    rolled_back: Vec::new(),
+                    kept: true,
+                }]);
             }
         }
         self.commit(vec![EventBody::StepVerified { step: id }])

@@ -37,6 +37,17 @@ impl Environment {
     }
 
     pub fn fingerprint(&mut self, contract: &Contract) -> Result<Fingerprint, EngineError> {
+        let tree = self.git.worktree_tree()?;
+        self.fingerprint_with_tree(contract, tree)
+    }
+
+    /// [`Environment::fingerprint`] with the working tree's id the caller has just computed
+    /// (building it is the most expensive part; a step that needs it anyway passes it on).
+    pub fn fingerprint_with_tree(
+        &mut self,
+        contract: &Contract,
+        tree: String,
+    ) -> Result<Fingerprint, EngineError> {
         let git_version = match &self.git_version {
             Some(v) => v.clone(),
             None => {
@@ -63,7 +74,7 @@ impl Environment {
         Ok(Fingerprint {
             head: self.git.head()?,
             branch: self.git.branch()?,
-            tree: self.git.worktree_tree()?,
+            tree,
             lockfiles,
             commands,
             tools: [("git".to_string(), git_version)].into(),
