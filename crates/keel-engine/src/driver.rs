@@ -90,17 +90,26 @@ struct ScriptCall {
 }
 
 impl ScriptCall {
-    fn into_call(self, id: String) -> ToolCall {
+    /// The call, or why the action is not one: `args` and `arguments` say the same thing two
+    /// ways, and keel will not pick one of them silently.
+    fn into_call(self, id: String) -> Result<ToolCall, String> {
         let arguments = match (self.arguments, self.args) {
-            (Some(raw), _) => raw,
+            (Some(_), Some(_)) => {
+                return Err(format!(
+                    "a script action gives call `{}` both `args` and `arguments`; keep one \
+                     (`args` for a JSON value, `arguments` for raw text)",
+                    self.tool
+                ));
+            }
+            (Some(raw), None) => raw,
             (None, Some(args)) => args.to_string(),
             (None, None) => "{}".to_string(),
         };
-        ToolCall {
+        Ok(ToolCall {
             id,
             name: self.tool,
             arguments,
-        }
+        })
     }
 }
 
@@ -154,6 +163,14 @@ impl Driver for ScriptDriver {
     }
 
     fn parse(&self, response: &[u8]) -> Result<ModelReply, String> {
+        // serde would also read an action from an array, by position; nobody writes one so.
+        if response.trim_ascii_start().first() != Some(&b'{') {
+            return Err(
+                "a script action is not valid: it must be a JSON object like \
+                 {\"tool\": \"read\", \"args\": {\"path\": \"src/lib.rs\"}}"
+                    .to_string(),
+            );
+        }
         let action: ScriptAction = serde_json::from_slice(response)
             .map_err(|e| format!("a script action is not valid: {e}"))?;
         let mut calls: Vec<ToolCall> = action
@@ -161,14 +178,25 @@ impl Driver for ScriptDriver {
             .into_iter()
             .enumerate()
             .map(|(i, c)| c.into_call(format!("call-{i}")))
-            .collect();
-        if let Some(tool) = action.tool {
-            let shorthand = ScriptCall {
-                tool,
-                args: action.args,
-                arguments: action.arguments,
-            };
-            calls.push(shorthand.into_call(format!("call-{}", calls.len())));
+            .collect::<Result<_, _>>()?;
+        match action.tool {
+            Some(tool) => {
+                let shorthand = ScriptCall {
+                    tool,
+                    args: action.args,
+                    arguments: action.arguments,
+                };
+                calls.push(shorthand.into_call(format!("call-{}", calls.len()))?);
+            }
+            // Arguments for no tool would otherwise be dropped without a word.
+            None if action.args.is_some() || action.arguments.is_some() => {
+                return Err(
+                    "a script action has `args` or `arguments` but no `tool`; name the tool \
+                     they are for"
+                        .to_string(),
+                );
+            }
+            None => {}
         }
         Ok(ModelReply {
             text: action.text,
@@ -278,9 +306,22 @@ impl Driver for CommandDriver {
     fn parse(&self, response: &[u8]) -> Result<ModelReply, String> {
         let v: serde_json::Value = serde_json::from_slice(response)
             .map_err(|e| format!("the delegated command's record does not decode: {e}"))?;
-        let status = v["status"].as_str().unwrap_or("?");
-        let tail = v["output_tail"].as_str().unwrap_or("");
-        let calls = if v["success"].as_bool() == Some(true) {
+        // Only what `send` writes is a record: anything else would read as a run that claimed
+        // nothing, and a damaged record must not pass for one.
+        let status = v.get("status").and_then(serde_json::Value::as_str);
+        let success = v.get("success").and_then(serde_json::Value::as_bool);
+        let tail = match v.get("output_tail") {
+            None | Some(serde_json::Value::Null) => Some(""),
+            Some(tail) => tail.as_str(),
+        };
+        let (Some(status), Some(success), Some(tail)) = (status, success, tail) else {
+            return Err(
+                "the delegated command's record is not one keel writes: it needs a string \
+                 `status`, a boolean `success` and a string `output_tail`"
+                    .to_string(),
+            );
+        };
+        let calls = if success {
             vec![ToolCall {
                 id: "delegate".into(),
                 name: "finish".into(),

@@ -175,12 +175,24 @@ impl Client {
     }
 
     /// Parses a success response body into the neutral reply. Tolerant of extra fields and of
-    /// missing optional ones; `Malformed` says what required part is missing.
+    /// missing optional ones; `Malformed` says what required part is missing. A server that
+    /// echoes the API key gets it taken out of the error: out of the message, and out of the
+    /// body before its start is cut for the excerpt, so that no part of the key is shown.
     pub fn parse(&self, body: &[u8]) -> Result<ModelReply, LlmError> {
-        match self.config.provider {
+        let parsed = match self.config.provider {
             Provider::OpenAi => openai::parse(body),
             Provider::Anthropic => anthropic::parse(body),
-        }
+        };
+        parsed.map_err(|e| match e {
+            LlmError::Malformed { message, .. } => LlmError::Malformed {
+                message: self.scrub(&message),
+                excerpt: excerpt(
+                    self.scrub(&String::from_utf8_lossy(body)).as_bytes(),
+                    EXCERPT_BYTES,
+                ),
+            },
+            other => other,
+        })
     }
 
     /// One attempt. `Err` only for what must not be retried.

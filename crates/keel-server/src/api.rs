@@ -54,6 +54,14 @@ fn parse_body<T: DeserializeOwned>(bytes: &[u8], example: &str) -> Result<T, Api
             "the request body is empty: send JSON like {example}"
         )));
     }
+    // serde also reads a struct from an array, by position: `["because", "me"]` would cancel a
+    // run. No client means that, so only an object is read.
+    if bytes.trim_ascii_start().first() != Some(&b'{') {
+        return Err(ApiError::bad_request(format!(
+            "the request body is not the JSON this endpoint takes (it must be an object): send \
+             JSON like {example}"
+        )));
+    }
     serde_json::from_slice(bytes).map_err(|e| {
         ApiError::bad_request(format!(
             "the request body is not the JSON this endpoint takes ({e}): send JSON like {example}"

@@ -9,6 +9,8 @@ use crate::StoredEvent;
 pub enum ChainProblem {
     /// Sequence numbers skip or repeat.
     Gap { expected: u64, found: u64 },
+    /// An event comes after event `u64::MAX`, the last sequence number there is.
+    AfterLast { seq: u64 },
     /// The event's stored hash is not the hash of its content: it was altered or torn.
     Altered { seq: u64 },
     /// The event does not link to the one before it.
@@ -27,7 +29,8 @@ impl ChainProblem {
     pub fn seq(&self) -> u64 {
         match self {
             ChainProblem::Gap { found, .. } => *found,
-            ChainProblem::Altered { seq }
+            ChainProblem::AfterLast { seq }
+            | ChainProblem::Altered { seq }
             | ChainProblem::Unlinked { seq }
             | ChainProblem::Undecodable { seq, .. }
             | ChainProblem::KindMismatch { seq, .. } => *seq,
@@ -44,6 +47,11 @@ impl std::fmt::Display for ChainProblem {
                     "event {found} follows where {expected} was expected: events are missing or repeated"
                 )
             }
+            ChainProblem::AfterLast { seq } => write!(
+                f,
+                "event {seq} follows event {}, the last sequence number there is: no event can follow it",
+                u64::MAX
+            ),
             ChainProblem::Altered { seq } => write!(
                 f,
                 "event {seq} does not match its hash: its content was changed or only partly written"
@@ -65,20 +73,25 @@ impl std::fmt::Display for ChainProblem {
 
 /// Checks a contiguous stretch of events. `anchor` is the `(seq, hash)` of the event before the
 /// first one, or `None` when the stretch starts at the beginning of the log. Returns the number of
-/// events checked or the first problem.
+/// events checked or the first problem. Nothing can follow event `u64::MAX`: an event after it
+/// (or after an anchor there) is [`ChainProblem::AfterLast`].
 pub fn verify_chain<'a>(
     anchor: Option<(u64, &str)>,
     events: impl IntoIterator<Item = &'a StoredEvent>,
 ) -> Result<u64, ChainProblem> {
+    // `None` once the last sequence number has been used.
     let (mut expected, mut prev) = match anchor {
-        Some((seq, hash)) => (seq + 1, hash.to_string()),
-        None => (1, GENESIS_HASH.to_string()),
+        Some((seq, hash)) => (seq.checked_add(1), hash.to_string()),
+        None => (Some(1), GENESIS_HASH.to_string()),
     };
     let mut count = 0;
     for e in events {
-        check_one(expected, &prev, e)?;
+        let Some(seq) = expected else {
+            return Err(ChainProblem::AfterLast { seq: e.seq });
+        };
+        check_one(seq, &prev, e)?;
         prev = e.hash.clone();
-        expected += 1;
+        expected = seq.checked_add(1);
         count += 1;
     }
     Ok(count)
