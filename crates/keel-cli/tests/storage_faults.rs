@@ -775,3 +775,34 @@ fn a_damaged_contract_text_is_reported_and_never_run() {
         assert_eq!(f.events(&id).len(), before, "nothing was written");
     }
 }
+
+/// A flipped byte can leave a stored text invalid UTF-8 (found by the byte-flip test: `keel log`
+/// failed with a conversion error, exit 1). The text is read with the damage replaced, so the
+/// hash chain names the event as altered: `verify-log` reports it (exit 5), and the commands
+/// that only show the run still show it.
+#[test]
+fn an_event_that_is_no_longer_utf8_is_reported_as_damaged_not_a_read_error() {
+    let f = Fixture::new(CONTRACT);
+    let (id, out) = f.start(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", f.explain(&out));
+    let db = f.db();
+    let n = db
+        .execute(
+            "UPDATE events SET body = CAST(CAST(substr(body, 1, 5) AS BLOB) || X'FF' || \
+             CAST(substr(body, 6) AS BLOB) AS TEXT) WHERE run_id = ?1 AND seq = 5",
+            [&id],
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+    drop(db);
+    let out = f.run(&["verify-log", &id]);
+    assert_no_panic(&out, "verify-log");
+    assert_eq!(out.status.code(), Some(5), "{}", f.explain(&out));
+    assert!(stdout(&out).contains("DAMAGED"), "{}", f.explain(&out));
+    assert!(stdout(&out).contains('5'), "{}", f.explain(&out));
+    for args in [["log", &id], ["status", &id]] {
+        let out = f.run(&args);
+        assert_no_panic(&out, "show");
+        assert_eq!(out.status.code(), Some(0), "{args:?}\n{}", f.explain(&out));
+    }
+}

@@ -243,7 +243,7 @@ impl Store {
             .query_row(
                 "SELECT file, source FROM contracts WHERE hash = ?1",
                 [hash],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                |r| Ok((text(r, 0)?, text(r, 1)?)),
             )
             .optional()
             .map_err(|e| self.sql(e))
@@ -512,7 +512,7 @@ impl Store {
         let json: String = self
             .conn
             .query_row("SELECT projection FROM runs WHERE id = ?1", [id], |r| {
-                r.get(0)
+                text(r, 0)
             })
             .optional()
             .map_err(|e| self.sql(e))?
@@ -573,10 +573,10 @@ impl Store {
                         seq: r.get(0)?,
                         at_ms: r.get(1)?,
                         version: r.get(2)?,
-                        kind: r.get(3)?,
-                        body: r.get(4)?,
-                        prev_hash: r.get(5)?,
-                        hash: r.get(6)?,
+                        kind: text(r, 3)?,
+                        body: text(r, 4)?,
+                        prev_hash: text(r, 5)?,
+                        hash: text(r, 6)?,
                     })
                 },
             )
@@ -606,10 +606,10 @@ impl Store {
                     seq: r.get(0)?,
                     at_ms: r.get(1)?,
                     version: r.get(2)?,
-                    kind: r.get(3)?,
-                    body: r.get(4)?,
-                    prev_hash: r.get(5)?,
-                    hash: r.get(6)?,
+                    kind: text(r, 3)?,
+                    body: text(r, 4)?,
+                    prev_hash: text(r, 5)?,
+                    hash: text(r, 6)?,
                 })
             })()
             .map_err(|e| self.sql(e))?;
@@ -633,10 +633,10 @@ impl Store {
                     n: r.get(0)?,
                     seq: r.get(1)?,
                     at_ms: r.get(2)?,
-                    hash: r.get(3)?,
-                    snapshot_ref: r.get(4)?,
-                    commit: r.get(5)?,
-                    body: r.get(6)?,
+                    hash: text(r, 3)?,
+                    snapshot_ref: text(r, 4)?,
+                    commit: text(r, 5)?,
+                    body: text(r, 6)?,
                 })
             })
             .map_err(|e| self.sql(e))?;
@@ -655,10 +655,10 @@ impl Store {
                         n: r.get(0)?,
                         seq: r.get(1)?,
                         at_ms: r.get(2)?,
-                        hash: r.get(3)?,
-                        snapshot_ref: r.get(4)?,
-                        commit: r.get(5)?,
-                        body: r.get(6)?,
+                        hash: text(r, 3)?,
+                        snapshot_ref: text(r, 4)?,
+                        commit: text(r, 5)?,
+                        body: text(r, 6)?,
                     })
                 },
             )
@@ -693,6 +693,18 @@ impl Store {
         write_events(&tx, lease, &[], run, None, 0).map_err(|e| e.into_store(&path))?;
         finish(tx).map_err(sql)
     }
+}
+
+/// A text column as stored. A damaged byte can leave it invalid UTF-8; it is read with the damage
+/// replaced (U+FFFD), so that the hash chain, which covers the exact text, reports the event as
+/// altered (and a contract's hash, or a projection's decoding, its damage) instead of every read
+/// of the run failing with a conversion error.
+fn text(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<String> {
+    let value = r.get_ref(i)?;
+    value
+        .as_bytes()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(i, value.data_type(), Box::new(e)))
 }
 
 /// Commits a transaction that appends events or rewrites a projection. This is where
