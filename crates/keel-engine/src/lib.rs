@@ -857,29 +857,36 @@ pub fn unblock(
     )?;
     let mut next = run.clone();
     let mut events = Vec::new();
-    for (budget, by) in raises {
-        let Some(from) = next.limits.get(*budget) else {
-            return Err(EngineError::Usage(format!(
-                "budget `{budget}` has no limit in this run, so there is nothing to raise"
-            )));
-        };
+    let mut append = |next: &mut Run, body: EventBody| -> Result<(), EngineError> {
         let event = Event {
             run_id: id.clone(),
             seq: next.seq + 1,
             at_ms: now_ms(),
-            body: EventBody::BudgetRaised {
-                budget: *budget,
-                from: Some(from),
-                to: from.saturating_add(*by),
-                reason: reason.to_string(),
-                by: actor.by.clone(),
-            },
+            body,
         };
         next.apply(&event).map_err(|source| EngineError::Apply {
             run: id.clone(),
             source,
         })?;
         events.push(event);
+        Ok(())
+    };
+    for (budget, by) in raises {
+        let Some(from) = next.limits.get(*budget) else {
+            return Err(EngineError::Usage(format!(
+                "budget `{budget}` has no limit in this run, so there is nothing to raise"
+            )));
+        };
+        append(
+            &mut next,
+            EventBody::BudgetRaised {
+                budget: *budget,
+                from: Some(from),
+                to: from.saturating_add(*by),
+                reason: reason.to_string(),
+                by: actor.by.clone(),
+            },
+        )?;
     }
     // The request that stands beside the block asked a person for this raise; the person
     // answered on the command line, so it is closed, not left in the inbox to be approved later.
@@ -890,11 +897,9 @@ pub fn unblock(
         _ => None,
     });
     if let Some((n, payload_hash)) = beside {
-        let event = Event {
-            run_id: id.clone(),
-            seq: next.seq + 1,
-            at_ms: now_ms(),
-            body: EventBody::ApprovalDecided {
+        append(
+            &mut next,
+            EventBody::ApprovalDecided {
                 n,
                 approve: true,
                 payload_hash,
@@ -902,12 +907,7 @@ pub fn unblock(
                 reason: format!("settled with `keel unblock`: {reason}"),
                 via: SETTLED_ON_THE_COMMAND_LINE.into(),
             },
-        };
-        next.apply(&event).map_err(|source| EngineError::Apply {
-            run: id.clone(),
-            source,
-        })?;
-        events.push(event);
+        )?;
     }
     store.commit(&lease, &events, &next, None, now_ms() + LEASE_TTL_MS)?;
     store.release(&lease)?;
@@ -1809,31 +1809,26 @@ impl Engine<'_> {
         // agent step in progress (waiting for a person, or interrupted) recorded its calls
         // against the old one, and undoing its out-of-scope changes at its end would undo the
         // person's change too: keel refuses to migrate there and says how to go on.
-        if let Some(step) = self.run.in_progress.as_ref().map(|p| p.step) {
-            let put_back = format!(
+        let mid_step = self.run.in_progress.as_ref().map(|p| p.step);
+        let reason = match mid_step {
+            Some(step) => format!(
                 "run {id} is in the middle of step {step}, and the environment changed: {}. keel \
                  migrates only at a step boundary: put it back and `keel resume {id}` so that the \
                  step finishes (deciding what it waits for), then make the change again and \
                  `keel resume {id} --migrate --reason \"…\"`",
                 described.join("; "),
                 id = self.run.id
-            );
-            if options.migrate.is_some() {
-                return Err(EngineError::Usage(put_back));
-            }
-            let mut bodies = vec![EventBody::DriftDetected {
-                changes: changes.clone(),
-            }];
-            if self.run.state != RunState::Blocked {
-                bodies.push(self.state_change(
-                    RunState::Blocked,
-                    &put_back,
-                    Some(Block::Drift { changes }),
-                ));
-            }
-            self.commit(bodies)?;
-            return Ok(false);
+            ),
+            None => format!(
+                "the environment changed since the last step: {}. Put it back, or continue with `keel resume {} --migrate --reason \"…\"`",
+                described.join("; "),
+                self.run.id
+            ),
+        };
+        if mid_step.is_some() && options.migrate.is_some() {
+            return Err(EngineError::Usage(reason));
         }
+        let approved = approved.filter(|_| mid_step.is_none());
         let options = match (&options.migrate, approved) {
             (None, Some((n, by, reason))) => {
                 let actor = Actor {
@@ -1853,11 +1848,6 @@ impl Engine<'_> {
             }
             return self.migrate(changes, now, reason, actor, drift_block);
         }
-        let reason = format!(
-            "the environment changed since the last step: {}. Put it back, or continue with `keel resume {} --migrate --reason \"…\"`",
-            described.join("; "),
-            self.run.id
-        );
         let mut bodies = vec![EventBody::DriftDetected {
             changes: changes.clone(),
         }];
@@ -1869,7 +1859,10 @@ impl Engine<'_> {
             ));
         }
         self.commit(bodies)?;
-        self.request_migration(payload)?;
+        // In the middle of a step there is nothing to approve: the person puts it back.
+        if mid_step.is_none() {
+            self.request_migration(payload)?;
+        }
         Ok(false)
     }
 
