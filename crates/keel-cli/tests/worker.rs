@@ -172,15 +172,25 @@ fn a_paused_workers_late_write_is_refused_by_the_fencing_token() {
     // run over and finishes it.
     signal(&a, "-STOP");
     let mut taken = false;
+    // What the other workers said, to explain a failure.
+    let mut said = Vec::new();
     for _ in 0..200 {
         let out = f.expect(&["worker", "--once", "--lease-ttl", "1s"], 0);
-        if String::from_utf8_lossy(&out.stdout).contains("completed") {
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        if stdout.contains("completed") {
             taken = true;
             break;
         }
+        if !stdout.trim().is_empty() || !out.stderr.is_empty() {
+            said.push(format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)));
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(taken, "no worker took the run over");
+    assert!(
+        taken,
+        "no worker took the run over; they said {said:#?}; the run is {:#}",
+        f.status(&id)
+    );
     let events_after_takeover = f.events(&id).len();
     // The paused worker wakes up and tries to record the step it was running: refused.
     signal(&a, "-CONT");
