@@ -178,8 +178,7 @@ impl Scenario {
             let b = &reply["body"];
             assert_eq!(b["step"]["index"].as_u64(), Some(i as u64), "{what}: {b}");
             let hash = b["response"].as_str().unwrap();
-            let bytes =
-                std::fs::read(f.path(&format!(".keel/artifacts/{}/{hash}", &hash[..2]))).unwrap();
+            let bytes = f.artifact(hash);
             let response: Value = serde_json::from_slice(&bytes).unwrap();
             assert_eq!(
                 &response,

@@ -79,8 +79,7 @@ fn prompts(f: &Fixture, events: &[Value]) -> Vec<(u64, String)> {
         .iter()
         .map(|e| {
             let hash = e["body"]["request"].as_str().unwrap();
-            let path = f.path(&format!(".keel/artifacts/{}/{hash}", &hash[..2]));
-            let v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            let v: Value = serde_json::from_slice(&f.artifact(hash)).unwrap();
             (
                 e["body"]["step"]["index"].as_u64().unwrap(),
                 v["user"].as_str().unwrap().to_string(),

@@ -22,9 +22,7 @@ fn prompts(f: &Fixture, events: &[Value]) -> Vec<(u64, String)> {
         .iter()
         .map(|e| {
             let hash = e["body"]["request"].as_str().unwrap();
-            let path = f.path(&format!(".keel/artifacts/{}/{hash}", &hash[..2]));
-            let bytes = std::fs::read(&path)
-                .unwrap_or_else(|e| panic!("request artifact {}: {e}", path.display()));
+            let bytes = f.artifact(hash);
             let v: Value = serde_json::from_slice(&bytes).expect("a script request is JSON");
             (
                 e["body"]["step"]["index"].as_u64().unwrap(),

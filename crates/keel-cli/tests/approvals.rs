@@ -380,7 +380,7 @@ objective = "Ask which colour, then write it to answer.txt."
         .filter(|e| e["kind"] == "model_requested")
         .collect();
     let hash = requests[1]["body"]["request"].as_str().unwrap();
-    let bytes = std::fs::read(f.path(&format!(".keel/artifacts/{}/{hash}", &hash[..2]))).unwrap();
+    let bytes = f.artifact(hash);
     let prompt: Value = serde_json::from_slice(&bytes).unwrap();
     assert!(
         prompt["user"]

@@ -19,7 +19,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Output, Stdio};
 
-use common::{Fixture, Rng, assert_no_panic, fault_points, of_kind, state};
+use common::{Fixture, Rng, assert_no_panic, fault_points, kinds, of_kind, state};
 use serde_json::Value;
 
 fn stdout(out: &Output) -> String {
@@ -342,8 +342,7 @@ objective = "Ask which colour, then write it to answer.txt."
         .cloned()
         .collect::<Vec<_>>();
     let hash = requests[1]["body"]["request"].as_str().unwrap();
-    let prompt =
-        std::fs::read_to_string(f.path(&format!(".keel/artifacts/{}/{hash}", &hash[..2]))).unwrap();
+    let prompt = String::from_utf8(f.artifact(hash)).unwrap();
     assert!(
         prompt.contains(&format!("{recorded} (answered by")),
         "{prompt}"
@@ -400,7 +399,13 @@ objective = "Write the answer to out.txt."
     };
     let points = fault_points(&contract_for("twin.jsonl"));
     // The fault point right after the first model reply's commit: the first `after commit` at
-    // which a killed run's log ends with `model_replied`.
+    // which a killed run's log holds `model_replied` and the call is not made yet. (A script
+    // driver's reply is stored with the first thing its step does outside keel: here the
+    // write's decision and intended effect.)
+    let replied_not_made = |events: &[Value]| {
+        !of_kind(events, "model_replied").is_empty()
+            && of_kind(events, "tool_call_finished").is_empty()
+    };
     let mut found = None;
     for (i, name) in points.iter().enumerate() {
         if name != "after commit" {
@@ -408,11 +413,7 @@ objective = "Write the answer to out.txt."
         }
         let g = Fixture::new(&contract_for("probe.jsonl"));
         let (id, out) = g.start(&[("KEEL_CRASH_AT", (i + 1).to_string())]);
-        if out.status.signal() == Some(9)
-            && g.events(&id)
-                .last()
-                .is_some_and(|e| e["kind"] == "model_replied")
-        {
+        if out.status.signal() == Some(9) && replied_not_made(&g.events(&id)) {
             found = Some(i + 1);
             break;
         }
@@ -421,7 +422,11 @@ objective = "Write the answer to out.txt."
     let f = Fixture::new(&contract_for("actions.jsonl"));
     let (id, out) = f.start(&[("KEEL_CRASH_AT", n.to_string())]);
     assert_eq!(out.status.signal(), Some(9), "{}", f.explain(&out));
-    assert_eq!(f.events(&id).last().unwrap()["kind"], "model_replied");
+    assert!(
+        replied_not_made(&f.events(&id)),
+        "{:?}",
+        kinds(&f.events(&id))
+    );
     // Now the same call would be answered differently.
     let changed = script.replace("first\\n", "second\\n");
     assert_ne!(changed, script);

@@ -18,15 +18,13 @@ fn is_hex(s: &str, len: usize) -> bool {
     s.len() == len && s.chars().all(|c| c.is_ascii_hexdigit())
 }
 
-/// The file an artifact hash names: `.keel/artifacts/<first 2 hex>/<hash>`.
+/// The text of the artifact a hash names.
 fn artifact(f: &Fixture, hash: &str) -> String {
     assert!(
         is_hex(hash, 64),
         "an artifact hash is 64 hex digits: {hash:?}"
     );
-    let path = f.path(&format!(".keel/artifacts/{}/{hash}", &hash[..2]));
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("artifact {} is missing: {e}", path.display()))
+    String::from_utf8(f.artifact(hash)).unwrap()
 }
 
 fn evidence_of<'a>(status: &'a Value, verifier: &str) -> &'a Value {

@@ -371,8 +371,7 @@ fn assert_exit(f: &Fixture, out: &Output, code: i32) {
 }
 
 fn artifact(f: &Fixture, hash: &str) -> Vec<u8> {
-    let path = f.path(&format!(".keel/artifacts/{}/{hash}", &hash[..2]));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("artifact {}: {e}", path.display()))
+    f.artifact(hash)
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

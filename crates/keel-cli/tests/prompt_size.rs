@@ -114,8 +114,7 @@ fn prompt_size_stays_within_context_tokens_and_flat_over_500_steps() {
     // What every prompt keeps, and what the last one no longer carries.
     for (i, e) in requested.iter().enumerate() {
         let hash = e["body"]["request"].as_str().unwrap();
-        let path = f.path(&format!(".keel/artifacts/{}/{hash}", &hash[..2]));
-        let request: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let request: Value = serde_json::from_slice(&f.artifact(hash)).unwrap();
         let user = request["user"].as_str().unwrap();
         assert_eq!(
             request["tokens"], tokens[i],

@@ -306,8 +306,7 @@ reversibility = "reversible"
     assert_eq!(last["verifier"], "no-secrets");
     assert_eq!(last["passed"], false, "{last:#}");
     let hash = last["output"].as_str().unwrap();
-    let report =
-        std::fs::read_to_string(g.path(&format!(".keel/artifacts/{}/{hash}", &hash[..2]))).unwrap();
+    let report = String::from_utf8(g.artifact(hash)).unwrap();
     assert!(
         report.contains("config.txt:2: the value of secret TOKEN"),
         "{report}"

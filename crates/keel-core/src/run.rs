@@ -369,7 +369,21 @@ impl Run {
         Ok(())
     }
 
-    fn apply_in_place(&mut self, event: &Event) -> Result<(), ApplyError> {
+    /// The event that would follow the run's last one: `body` at `at_ms`, with the next
+    /// sequence number.
+    pub fn next_event(&self, at_ms: i64, body: EventBody) -> Event {
+        Event {
+            run_id: self.id.clone(),
+            seq: self.seq + 1,
+            at_ms,
+            body,
+        }
+    }
+
+    /// [`Run::apply`] without the copy that makes it all-or-nothing: on an error the run is
+    /// left part-changed. For a run the caller drops on any error (a scratch copy, a fold that
+    /// stops at the first bad event); a long run is expensive to copy for every event.
+    pub fn apply_in_place(&mut self, event: &Event) -> Result<(), ApplyError> {
         if event.seq != self.seq + 1 {
             return Err(ApplyError::Sequence {
                 expected: self.seq + 1,

@@ -137,7 +137,9 @@ impl Engine<'_> {
                 command: format!("agent step {}", id.index + 1),
                 agent: true,
             });
-            self.commit(bodies)?;
+            // Stored with whatever the step does first outside keel, or with its end.
+            self.stage(bodies)?;
+            self.fresh_step = Some(id);
         }
         let driver_label = self.driver_label();
         self.observer.progress(
@@ -395,6 +397,7 @@ impl Engine<'_> {
             pre_tree,
             error_fingerprint,
         }];
+        let reaches_out = verdict.decision == Decision::Allow && !self.in_process(&call.name);
         if verdict.decision == Decision::Allow && effectful {
             let key = effect_key(&self.run.id, id, i);
             bodies.push(EventBody::EffectIntended {
@@ -415,7 +418,13 @@ impl Engine<'_> {
                 key,
             });
         }
-        self.commit(bodies)?;
+        // A call that reaches outside keel is made only once its decision is stored; one of
+        // keel's own read-only tools waits for the next commit.
+        if reaches_out || verdict.decision == Decision::NeedsApproval {
+            self.commit(bodies)?;
+        } else {
+            self.stage(bodies)?;
+        }
         if verdict.decision == Decision::Allow && effectful {
             fault_point("effect intended");
         }
@@ -464,6 +473,7 @@ impl Engine<'_> {
         if let Some(pre) = &c.pre_tree
             && self.env.git.worktree_tree()? != *pre
         {
+            self.flush()?;
             self.env.git.restore_worktree(pre)?;
         }
         Ok(())
@@ -504,7 +514,7 @@ impl Engine<'_> {
                 {
                     self.env.git.restore_worktree(&pre)?;
                 }
-                self.store.artifacts().read(&hash, usize::MAX)?
+                self.store.read_artifact(&hash, usize::MAX)?
             }
             None => {
                 let limit = self
@@ -534,13 +544,19 @@ impl Engine<'_> {
                     }
                 };
                 let bytes = driver.request(&prompt, specs);
-                let hash = self.store.artifacts().put(&bytes)?;
-                self.commit(vec![EventBody::ModelRequested {
+                let local = driver.local();
+                let hash = self.store.put_artifact(&bytes)?;
+                self.stage(vec![EventBody::ModelRequested {
                     step: id,
                     request: hash,
                     prompt_tokens: prompt.tokens,
                     context_tokens: limit,
                 }])?;
+                // A model that costs money or a program that acts must find the request
+                // stored: a crash then re-sends these exact bytes and counts what they cost.
+                if !local {
+                    self.flush()?;
+                }
                 bytes
             }
         };
@@ -579,8 +595,9 @@ impl Engine<'_> {
         } else {
             None
         };
-        let response = self.store.artifacts().put(&exchange.response)?;
-        self.commit(vec![EventBody::ModelReplied {
+        let response = self.store.put_artifact(&exchange.response)?;
+        let local = driver.local();
+        let replied = vec![EventBody::ModelReplied {
             step: id,
             response,
             usage: reply.usage,
@@ -589,7 +606,13 @@ impl Engine<'_> {
             retries: exchange.retries,
             duration_ms: exchange.duration_ms,
             post_tree,
-        }])?;
+        }];
+        // A reply that cost something is stored at once, so its usage is never lost.
+        if local {
+            self.stage(replied)?;
+        } else {
+            self.commit(replied)?;
+        }
         // The reply as recorded (scrubbed of secrets): what a resume would read, so the calls
         // made now and after a crash are the same.
         Ok(self
@@ -830,7 +853,7 @@ impl Engine<'_> {
         fault_point("tool call made");
         let output = match &outcome.full {
             Some(bytes) if bytes.len() > outcome.observation.len() => {
-                Some(self.store.artifacts().put(bytes)?)
+                Some(self.store.put_artifact(bytes)?)
             }
             _ => None,
         };
@@ -861,6 +884,7 @@ impl Engine<'_> {
             error_fingerprint: outcome.error,
             post_tree,
         });
+        let inside = effect.is_none() && self.in_process(&call.name);
         if let Some(key) = effect {
             bodies.push(EventBody::EffectSettled {
                 step: id,
@@ -874,7 +898,20 @@ impl Engine<'_> {
                 detail,
             });
         }
-        self.commit(bodies)
+        if inside {
+            self.stage(bodies)
+        } else {
+            self.commit(bodies)
+        }
+    }
+
+    /// One of keel's own read-only tools (read, list, search, plan, note, ask, finish,
+    /// blocked): it runs inside keel's process and changes nothing outside it.
+    pub(crate) fn in_process(&self, name: &str) -> bool {
+        self.contract.tool(name).is_none()
+            && self.mcp.class(name).is_none()
+            && name != "http"
+            && tools::builtin(name).is_some_and(|s| s.reversibility == Reversibility::ReadOnly)
     }
 
     fn make(
@@ -1204,7 +1241,20 @@ impl Engine<'_> {
             .as_ref()
             .map(|p| p.pre.tree.clone())
             .unwrap_or_default();
-        let mut now = self.env.git.worktree_tree()?;
+        // A step this process ran from its start, in which only keel's own read-only tools
+        // ran, left the workspace as it found it: no need to ask git.
+        let untouched = self.fresh_step == Some(id)
+            && !self.driver.as_ref().is_some_and(|d| d.edits_workspace())
+            && self.run.in_progress.as_ref().is_some_and(|p| {
+                p.calls
+                    .iter()
+                    .all(|c| c.decision != Decision::Allow || self.in_process(&c.tool))
+            });
+        let mut now = if untouched {
+            pre.clone()
+        } else {
+            self.env.git.worktree_tree()?
+        };
         if now != pre {
             let scope = &self.contract.scope;
             let outside: Vec<String> = self
@@ -1217,6 +1267,9 @@ impl Engine<'_> {
                 .filter(|p| !scope.allows_write(p))
                 .collect();
             if !outside.is_empty() {
+                // The calls that led here are stored before the workspace changes: a crash in
+                // between must find them recorded (see `Run::expected_tree`).
+                self.flush()?;
                 self.env.git.restore_paths(&pre, &outside)?;
                 fault_point("scope reverted");
                 now = self.env.git.worktree_tree()?;
@@ -1227,19 +1280,22 @@ impl Engine<'_> {
                 }])?;
             }
         }
-        // `now` is the tree as the step leaves it, computed just above.
-        let post = self
-            .env
-            .fingerprint_with_tree(&self.contract, now.clone())?;
-        let base_tree = self.run.base.tree.clone();
-        let whole = self.env.git.diff(&base_tree, &post.tree)?;
+        // `now` is the tree as the step leaves it, computed just above. An untouched step
+        // leaves the environment it started in.
+        let post = match self.run.in_progress.as_ref() {
+            Some(p) if untouched => p.pre.clone(),
+            _ => self
+                .env
+                .fingerprint_with_tree(&self.contract, now.clone())?,
+        };
+        let (diff_files, diff_lines) = self.diff_from_base(&post.tree)?;
         let files_written = if post.tree == pre {
             0
         } else {
             self.env.git.diff(&pre, &post.tree)?.files_changed
         };
         let signature = blake3::hash(outcomes.join("\n").as_bytes()).to_hex()[..16].to_string();
-        let output = self.store.artifacts().put(outcomes.join("\n").as_bytes())?;
+        let output = self.store.put_artifact(outcomes.join("\n").as_bytes())?;
         let finished = EventBody::StepFinished {
             step: id,
             signature: Some(signature),
@@ -1250,8 +1306,8 @@ impl Engine<'_> {
             output,
             post: post.clone(),
             files_written,
-            diff_files: whole.files_changed,
-            diff_lines: whole.lines_added + whole.lines_removed,
+            diff_files,
+            diff_lines,
         };
         let verifiers: Vec<Verifier> = if now != pre {
             self.contract.verifiers_of(Tier::Step).cloned().collect()
@@ -1286,6 +1342,20 @@ impl Engine<'_> {
             }
         }
         self.commit(vec![EventBody::StepVerified { step: id }])
+    }
+
+    /// Files and lines changed from the run's base to `tree`; the last answer is kept, as
+    /// most steps leave the tree the previous one left.
+    fn diff_from_base(&mut self, tree: &str) -> Result<(u64, u64), EngineError> {
+        if let Some((t, files, lines)) = &self.diff_cache
+            && t == tree
+        {
+            return Ok((*files, *lines));
+        }
+        let whole = self.env.git.diff(&self.run.base.tree, tree)?;
+        let answer = (whole.files_changed, whole.lines_added + whole.lines_removed);
+        self.diff_cache = Some((tree.to_string(), answer.0, answer.1));
+        Ok(answer)
     }
 
     /// The driver repeats itself (`pattern`: `repeat`, `ping_pong`, or a budget that bounds

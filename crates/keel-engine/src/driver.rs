@@ -51,6 +51,11 @@ pub trait Driver {
     fn edits_workspace(&self) -> bool {
         false
     }
+    /// `send` stays inside keel's process: it reaches no program, service or person, costs
+    /// nothing and can be repeated exactly, so the request need not be stored before it.
+    fn local(&self) -> bool {
+        false
+    }
 }
 
 /// The prompt and tools as JSON: the request of drivers that have no wire format of their own.
@@ -141,6 +146,10 @@ impl ScriptDriver {
 }
 
 impl Driver for ScriptDriver {
+    fn local(&self) -> bool {
+        true
+    }
+
     fn request(&self, prompt: &Prompt, tools: &[ToolSpec]) -> Vec<u8> {
         prompt_json(prompt, tools)
     }

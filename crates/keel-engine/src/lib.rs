@@ -230,6 +230,18 @@ pub struct Engine<'a> {
     scrubber: std::sync::Arc<keel_core::secret::Scrubber>,
     /// The contract's MCP servers, connected when the engine is made.
     mcp: mcp::McpTools,
+    /// Events applied to `run` but not stored yet. What a step does inside keel (its start,
+    /// a local driver's reply, calls of keel's own read-only tools) changes nothing outside
+    /// the process, so it waits for the next commit and is stored with it in one transaction.
+    /// Anything that reaches outside (a command, a network call, a person) commits first.
+    staged: Vec<Event>,
+    /// `run` as of the last commit while events are staged: put back if that commit fails.
+    durable: Option<Run>,
+    /// The agent step this process started (not one it took over after a crash): only its
+    /// course is fully known here.
+    fresh_step: Option<StepId>,
+    /// The diff of the run's base against a tree, as last computed: (tree, files, lines).
+    diff_cache: Option<(String, u64, u64)>,
 }
 
 /// The confinement of a run's commands from its contract; an error if the kernel cannot
@@ -463,6 +475,10 @@ pub fn start(
         scrubber,
         lease_ttl_ms: LEASE_TTL_MS,
         mcp: mcp::McpTools::default(),
+        staged: Vec::new(),
+        durable: None,
+        fresh_step: None,
+        diff_cache: None,
     };
     engine.mcp = mcp::McpTools::connect(&engine.contract, &engine.env.workspace, &|names| {
         engine.secret_env(names)
@@ -610,6 +626,10 @@ pub fn resume(
         scrubber,
         lease_ttl_ms,
         mcp: mcp::McpTools::default(),
+        staged: Vec::new(),
+        durable: None,
+        fresh_step: None,
+        diff_cache: None,
     };
     engine.mcp = mcp::McpTools::connect(&engine.contract, &engine.env.workspace, &|names| {
         engine.secret_env(names)
@@ -805,10 +825,12 @@ fn first_event(store: &Store, id: &str) -> Result<Event, EngineError> {
 
 fn apply_stored(run: &mut Run, stored: &StoredEvent) -> Result<(), EngineError> {
     let event = stored.decode()?;
-    run.apply(&event).map_err(|source| EngineError::Apply {
-        run: run.id.clone(),
-        source,
-    })
+    // A fold stops at its first bad event: no copy is needed to keep the run whole.
+    run.apply_in_place(&event)
+        .map_err(|source| EngineError::Apply {
+            run: run.id.clone(),
+            source,
+        })
 }
 
 /// Raises budgets of a blocked run (each recorded with who and why), then resumes it.
@@ -1076,7 +1098,7 @@ pub fn verify_log(store: &Store, run_id: &str) -> Result<LogReport, EngineError>
         }
     }
     for hash in &artifacts {
-        if !store.artifacts().verify(hash)? {
+        if !store.verify_artifact(hash)? {
             problems.push(format!(
                 "artifact {hash} is missing or does not match its hash"
             ));
@@ -1122,55 +1144,64 @@ impl Engine<'_> {
         checkpoint: Option<&Checkpoint>,
     ) -> Result<(), EngineError> {
         let at_ms = now_ms();
-        let mut next = self.run.clone();
-        let mut events = Vec::with_capacity(bodies.len());
-        for body in bodies {
-            let body = self.scrub_body(body)?;
-            let event = Event {
-                run_id: next.id.clone(),
-                seq: next.seq + 1,
-                at_ms,
-                body,
-            };
-            next.apply(&event).map_err(|source| EngineError::Apply {
-                run: next.id.clone(),
-                source,
-            })?;
-            events.push(event);
-        }
-        fault::point("before commit");
-        self.store.commit(
-            &self.lease,
-            &events,
-            &next,
-            checkpoint,
-            at_ms + self.lease_ttl_ms,
-        )?;
+        let mut next = match self.durable.take() {
+            // Staged events are already applied to `run`: it is the projection after them.
+            Some(durable) => std::mem::replace(&mut self.run, durable),
+            None => self.run.clone(),
+        };
+        let mut events = std::mem::take(&mut self.staged);
+        let result = apply_bodies(&self.scrubber, &mut next, bodies, at_ms, &mut events);
+        let result = result.and_then(|()| {
+            fault::point("before commit");
+            Ok(self.store.commit(
+                &self.lease,
+                &events,
+                &next,
+                checkpoint,
+                at_ms + self.lease_ttl_ms,
+            )?)
+        });
+        // On failure `run` stays as the last commit left it; the staged events are gone with
+        // the process's claim to them (the caller stops driving the run).
+        result?;
         self.run = next;
         fault::point("after commit");
         Ok(())
     }
 
-    /// The body with every known secret value replaced by `[secret:NAME]` in every string it
-    /// holds (a string holding JSON, like a call's arguments, is scrubbed of the escaped forms
-    /// too). Fails closed: a body that would not decode once scrubbed is not stored.
-    fn scrub_body(&self, body: EventBody) -> Result<EventBody, EngineError> {
-        if self.scrubber.is_empty() {
-            return Ok(body);
+    /// Applies `bodies` to `run` and keeps them to be stored with the next commit (see
+    /// `staged`). Only for events that record what happened inside keel: nothing outside may
+    /// have acted on them.
+    fn stage(&mut self, bodies: Vec<EventBody>) -> Result<(), EngineError> {
+        let at_ms = now_ms();
+        if self.durable.is_none() {
+            self.durable = Some(self.run.clone());
         }
-        let mut value = serde_json::to_value(&body).map_err(|e| {
-            EngineError::Usage(format!("an event could not be prepared for storage: {e}"))
-        })?;
-        if !scrub_strings(&self.scrubber, &mut value) {
-            return Ok(body);
+        match apply_bodies(
+            &self.scrubber,
+            &mut self.run,
+            bodies,
+            at_ms,
+            &mut self.staged,
+        ) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // The staged events go with the failure: `run` is put back to the last commit.
+                if let Some(durable) = self.durable.take() {
+                    self.run = durable;
+                }
+                self.staged.clear();
+                Err(e)
+            }
         }
-        serde_json::from_value(value).map_err(|e| {
-            EngineError::Usage(format!(
-                "a secret value appears in a `{}` event where keel cannot replace it ({e}); \
-                 nothing was stored",
-                body.kind()
-            ))
-        })
+    }
+
+    /// Stores the staged events, if any, before something reaches outside the process.
+    fn flush(&mut self) -> Result<(), EngineError> {
+        if self.staged.is_empty() {
+            return Ok(());
+        }
+        self.commit_with(Vec::new(), None)
     }
 
     fn release(&mut self) {
@@ -1179,7 +1210,7 @@ impl Engine<'_> {
     }
 
     fn drive(mut self) -> Result<Run, EngineError> {
-        let result = self.drive_loop();
+        let result = self.drive_loop().and_then(|()| self.flush());
         self.release();
         result.map(|()| self.run)
     }
@@ -2054,4 +2085,49 @@ fn migration_payload(described: &[String]) -> String {
         text.push_str(&format!("  - {d}\n"));
     }
     text
+}
+
+/// Applies `bodies` to `next`, a run the caller drops if this fails.
+fn apply_bodies(
+    scrubber: &keel_core::secret::Scrubber,
+    next: &mut Run,
+    bodies: Vec<EventBody>,
+    at_ms: i64,
+    events: &mut Vec<Event>,
+) -> Result<(), EngineError> {
+    for body in bodies {
+        let event = next.next_event(at_ms, scrub_body(scrubber, body)?);
+        next.apply_in_place(&event)
+            .map_err(|source| EngineError::Apply {
+                run: next.id.clone(),
+                source,
+            })?;
+        events.push(event);
+    }
+    Ok(())
+}
+
+/// The body with every known secret value replaced by `[secret:NAME]` in every string it
+/// holds (a string holding JSON, like a call's arguments, is scrubbed of the escaped forms
+/// too). Fails closed: a body that would not decode once scrubbed is not stored.
+fn scrub_body(
+    scrubber: &keel_core::secret::Scrubber,
+    body: EventBody,
+) -> Result<EventBody, EngineError> {
+    if scrubber.is_empty() {
+        return Ok(body);
+    }
+    let mut value = serde_json::to_value(&body).map_err(|e| {
+        EngineError::Usage(format!("an event could not be prepared for storage: {e}"))
+    })?;
+    if !scrub_strings(scrubber, &mut value) {
+        return Ok(body);
+    }
+    serde_json::from_value(value).map_err(|e| {
+        EngineError::Usage(format!(
+            "a secret value appears in a `{}` event where keel cannot replace it ({e}); \
+             nothing was stored",
+            body.kind()
+        ))
+    })
 }

@@ -128,6 +128,7 @@ impl<'a> Invocation<'a> {
 
     /// Runs git and returns its output whatever the exit status.
     pub(crate) fn output(&self) -> Result<Output, GitError> {
+        PROCESSES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut command = Command::new("git");
         terminate_with_parent(&mut command);
         command.current_dir(self.cwd);
@@ -255,6 +256,9 @@ fn terminate_with_parent(command: &mut Command) {
         });
     }
 }
+
+/// How many git processes this process has started (see [`crate::processes`]).
+pub(crate) static PROCESSES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 #[cfg(test)]
 mod tests {

@@ -31,6 +31,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use command::Invocation;
 pub use error::GitError;
 
+/// How many git processes this process has started so far: what a step costs in processes,
+/// for the benchmark.
+pub fn processes() -> u64 {
+    command::PROCESSES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// A git working tree, opened once and then asked for facts and snapshots.
 #[derive(Debug, Clone)]
 pub struct Git {

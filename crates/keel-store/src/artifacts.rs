@@ -46,6 +46,11 @@ impl Artifacts {
         Ok(hash)
     }
 
+    /// `bytes` as they would be stored: scrubbed of every known secret.
+    pub fn scrub<'b>(&self, bytes: &'b [u8]) -> std::borrow::Cow<'b, [u8]> {
+        self.scrubber.scrub_bytes(bytes)
+    }
+
     /// Stores the content of a file (streamed, not read into memory) and returns its hash.
     pub fn put_file(&self, source: &Path) -> Result<String, StoreError> {
         let io_err = |e| StoreError::io(source, e);

@@ -328,6 +328,7 @@ fn write_batch(
             &r.run,
             r.checkpoint.as_ref(),
             r.lease_until_ms,
+            &mut None,
         ) {
             Ok(()) => {
                 tx.execute_batch("RELEASE keel_group")?;

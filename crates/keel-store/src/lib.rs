@@ -179,7 +179,29 @@ pub struct Store {
     conn: Connection,
     path: PathBuf,
     artifacts: Artifacts,
+    /// Small artifacts waiting for the next commit, which stores them in its transaction.
+    pending_blobs: std::cell::RefCell<Vec<(String, Vec<u8>)>>,
+    /// The `steps` and `budgets` rows this connection last wrote for each run it holds, so a
+    /// commit rewrites only the rows that changed (a long run has thousands of steps).
+    rows: std::cell::RefCell<std::collections::HashMap<String, Rows>>,
+    /// Event commits made through this connection (for the benchmark's count per step).
+    commits: std::cell::Cell<u64>,
 }
+
+/// The queryable rows of a run's projection as last written: step (phase, index) to (state,
+/// attempts), and budget name to (used, limit).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Rows {
+    steps: std::collections::HashMap<(usize, usize), (&'static str, u32)>,
+    budgets: std::collections::HashMap<&'static str, (u64, Option<u64>)>,
+}
+
+/// Events a projection may trail its log by, beyond one per step of the run.
+const PROJECTION_TAIL: u64 = 64;
+
+/// Artifacts up to this size live in the store's `blobs` table, written in the transaction of
+/// the events that name them; larger ones are files under `artifacts/`.
+pub const INLINE_ARTIFACT_BYTES: usize = 256 * 1024;
 
 impl Store {
     /// Opens (creating if needed) the store at `path`; artifacts go to `artifacts/` beside it.
@@ -204,11 +226,69 @@ impl Store {
             conn,
             path: path.to_path_buf(),
             artifacts: Artifacts::new(dir),
+            pending_blobs: std::cell::RefCell::new(Vec::new()),
+            rows: std::cell::RefCell::new(std::collections::HashMap::new()),
+            commits: std::cell::Cell::new(0),
         })
+    }
+
+    /// Stores an artifact and returns its hash (scrubbed of secrets first, like every artifact).
+    /// A small one is kept for the next commit, which writes it in the same transaction as
+    /// the events: only a committed event can name it, so it needs no fsync of its own. A
+    /// large one is written to a file under `artifacts/` and fsynced at once.
+    pub fn put_artifact(&self, bytes: &[u8]) -> Result<String, StoreError> {
+        if bytes.len() > INLINE_ARTIFACT_BYTES {
+            return self.artifacts.put(bytes);
+        }
+        let bytes = self.artifacts.scrub(bytes);
+        let hash = blake3::hash(&bytes).to_hex().to_string();
+        let mut pending = self.pending_blobs.borrow_mut();
+        if !pending.iter().any(|(h, _)| *h == hash) {
+            pending.push((hash.clone(), bytes.into_owned()));
+        }
+        Ok(hash)
+    }
+
+    /// An artifact's bytes (at most `limit`), wherever it is kept.
+    pub fn read_artifact(&self, hash: &str, limit: usize) -> Result<Vec<u8>, StoreError> {
+        let cut = |mut b: Vec<u8>| {
+            b.truncate(limit);
+            b
+        };
+        if let Some((_, b)) = self.pending_blobs.borrow().iter().find(|(h, _)| h == hash) {
+            return Ok(cut(b.clone()));
+        }
+        match self.blob(hash)? {
+            Some(b) => Ok(cut(b)),
+            None => self.artifacts.read(hash, limit),
+        }
+    }
+
+    /// Whether the artifact exists (in the store or as a file) and still has the content its
+    /// name says.
+    pub fn verify_artifact(&self, hash: &str) -> Result<bool, StoreError> {
+        match self.blob(hash)? {
+            Some(b) => Ok(blake3::hash(&b).to_hex().as_str() == hash),
+            None => self.artifacts.verify(hash),
+        }
+    }
+
+    fn blob(&self, hash: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.conn
+            .query_row("SELECT bytes FROM blobs WHERE hash = ?1", [hash], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(|e| self.sql(e))
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// How many times [`Store::commit`] has committed through this connection.
+    pub fn commits(&self) -> u64 {
+        self.commits.get()
     }
 
     pub fn artifacts(&self) -> &Artifacts {
@@ -293,6 +373,7 @@ impl Store {
             run,
             None,
             now_ms + ttl_ms,
+            &mut None,
         )
         .map_err(|e| e.into_store(&path))?;
         finish(tx).map_err(sql)?;
@@ -342,6 +423,8 @@ impl Store {
             }
         }
         let token = token + 1;
+        // Another process may have written the run's rows since this one last did.
+        self.rows.borrow_mut().remove(run_id);
         tx.execute(
             "UPDATE runs SET lease_holder = ?2, lease_token = ?3, lease_until = ?4 WHERE id = ?1",
             params![run_id, holder, token, now_ms + ttl_ms],
@@ -417,9 +500,26 @@ impl Store {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sql)?;
-        write_events(&tx, lease, events, run, checkpoint, lease_until_ms)
-            .map_err(|e| e.into_store(&path))?;
-        finish(tx).map_err(sql)
+        let mut rows = self.rows.borrow_mut().remove(&lease.run_id);
+        write_events(
+            &tx,
+            lease,
+            events,
+            run,
+            checkpoint,
+            lease_until_ms,
+            &mut rows,
+        )
+        .map_err(|e| e.into_store(&path))?;
+        write_blobs(&tx, &self.pending_blobs.borrow()).map_err(sql)?;
+        finish(tx).map_err(sql)?;
+        self.pending_blobs.borrow_mut().clear();
+        self.commits.set(self.commits.get() + 1);
+        // Only a committed write is remembered: after a failure every row is written again.
+        if let Some(rows) = rows {
+            self.rows.borrow_mut().insert(lease.run_id.clone(), rows);
+        }
+        Ok(())
     }
 
     /// Cuts a torn tail: removes the events from `from_seq` on (and the checkpoints and evidence
@@ -470,9 +570,13 @@ impl Store {
             params![id, last_seq, last_hash],
         )
         .map_err(sql)?;
-        write_events(&tx, lease, events, run, None, lease_until_ms)
+        self.rows.borrow_mut().remove(&lease.run_id);
+        write_events(&tx, lease, events, run, None, lease_until_ms, &mut None)
             .map_err(|e| e.into_store(&path))?;
-        finish(tx).map_err(sql)
+        write_blobs(&tx, &self.pending_blobs.borrow()).map_err(sql)?;
+        finish(tx).map_err(sql)?;
+        self.pending_blobs.borrow_mut().clear();
+        Ok(())
     }
 
     /// Resolves a run id or a unique prefix of one.
@@ -507,20 +611,47 @@ impl Store {
         }
     }
 
-    /// The run projection as last committed.
+    /// The run as last committed: the stored projection with the events after it folded on.
+    /// A tail event that does not decode or apply (a damaged log) ends the fold there: the
+    /// run as far as its intact log goes (`verify_log` reports the damage).
     pub fn run(&self, id: &str) -> Result<Run, StoreError> {
-        let json: String = self
+        let (json, projection_seq, last_seq): (String, u64, u64) = self
             .conn
-            .query_row("SELECT projection FROM runs WHERE id = ?1", [id], |r| {
-                text(r, 0)
-            })
+            .query_row(
+                "SELECT projection, projection_seq, last_seq FROM runs WHERE id = ?1",
+                [id],
+                |r| Ok((text(r, 0)?, r.get(1)?, r.get(2)?)),
+            )
             .optional()
             .map_err(|e| self.sql(e))?
             .ok_or_else(|| StoreError::NoSuchRun(id.to_string()))?;
-        serde_json::from_str(&json).map_err(|e| StoreError::Projection {
-            run: id.to_string(),
-            message: e.to_string(),
-        })
+        let decode = || -> Result<Run, StoreError> {
+            serde_json::from_str(&json).map_err(|e| StoreError::Projection {
+                run: id.to_string(),
+                message: e.to_string(),
+            })
+        };
+        let mut run = decode()?;
+        if projection_seq >= last_seq {
+            return Ok(run);
+        }
+        let tail = self.events_from(id, run.seq + 1)?;
+        let folded = |run: &mut Run, events: &[StoredEvent]| -> Option<usize> {
+            for (i, stored) in events.iter().enumerate() {
+                match stored.decode().map(|e| run.apply_in_place(&e)) {
+                    Ok(Ok(())) => {}
+                    _ => return Some(i),
+                }
+            }
+            None
+        };
+        // Folded in place; a bad event leaves the run part-changed, so the good ones before it
+        // are folded again onto a fresh copy.
+        if let Some(bad) = folded(&mut run, &tail) {
+            run = decode()?;
+            folded(&mut run, &tail[..bad]);
+        }
+        Ok(run)
     }
 
     /// Every run's projection, newest first.
@@ -690,7 +821,8 @@ impl Store {
             params![lease.run_id, last_seq, last_hash],
         )
         .map_err(sql)?;
-        write_events(&tx, lease, &[], run, None, 0).map_err(|e| e.into_store(&path))?;
+        self.rows.borrow_mut().remove(&lease.run_id);
+        write_events(&tx, lease, &[], run, None, 0, &mut None).map_err(|e| e.into_store(&path))?;
         finish(tx).map_err(sql)
     }
 }
@@ -709,6 +841,22 @@ fn text(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<String> {
 
 /// Commits a transaction that appends events or rewrites a projection. This is where
 /// `KEEL_STORE_FAULT` makes a commit fail, or succeed and report a failure (see `fault.rs`).
+/// Writes the artifacts waiting for a commit into its transaction.
+fn write_blobs(
+    tx: &rusqlite::Transaction<'_>,
+    pending: &[(String, Vec<u8>)],
+) -> Result<(), rusqlite::Error> {
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let mut insert =
+        tx.prepare_cached("INSERT OR IGNORE INTO blobs (hash, bytes) VALUES (?1, ?2)")?;
+    for (hash, bytes) in pending {
+        insert.execute(params![hash, bytes])?;
+    }
+    Ok(())
+}
+
 fn finish(tx: rusqlite::Transaction<'_>) -> Result<(), rusqlite::Error> {
     match fault::next_commit() {
         None => tx.commit(),
@@ -754,12 +902,19 @@ fn write_events(
     run: &Run,
     checkpoint: Option<&Checkpoint>,
     lease_until_ms: i64,
+    written: &mut Option<Rows>,
 ) -> Result<(), TxError> {
     let id = &lease.run_id;
-    let (token, mut last_seq, mut last_hash): (u64, u64, String) = tx.query_row(
-        "SELECT lease_token, last_seq, last_hash FROM runs WHERE id = ?1",
+    let (token, mut last_seq, mut last_hash, projection_seq, stored_state): (
+        u64,
+        u64,
+        String,
+        u64,
+        String,
+    ) = tx.query_row(
+        "SELECT lease_token, last_seq, last_hash, projection_seq, state FROM runs WHERE id = ?1",
         [id],
-        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
     )?;
     if token != lease.token {
         return Err(TxError::Store(StoreError::LeaseLost {
@@ -855,12 +1010,23 @@ fn write_events(
             actual: last_seq,
         }));
     }
-    let projection = serde_json::to_string(run).unwrap_or_default();
     let phase = run.phases.get(run.cursor as usize).map(|p| p.name.clone());
     let until: Option<i64> = (lease_until_ms > 0).then_some(lease_until_ms);
+    // The whole projection is rewritten when this connection does not know the rows (its first
+    // write, or one that must replace everything), with a checkpoint, when the state changes,
+    // and once the events after it are about as many as the run has steps (so a read folds
+    // a bounded tail); otherwise `Store::run` folds the events after `projection_seq`.
+    let steps: usize = run.phases.iter().map(|p| p.steps.len()).sum();
+    let full = written.is_none()
+        || checkpoint.is_some()
+        || stored_state != run.state.as_str()
+        || last_seq.saturating_sub(projection_seq) >= PROJECTION_TAIL + steps as u64;
+    let projection = full.then(|| serde_json::to_string(run).unwrap_or_default());
     tx.execute(
         "UPDATE runs SET state = ?2, reason = ?3, phase = ?4, updated_at = ?5, last_seq = ?6, \
-         last_hash = ?7, projection = ?8, lease_until = COALESCE(?9, lease_until) WHERE id = ?1",
+         last_hash = ?7, projection = COALESCE(?8, projection), \
+         projection_seq = CASE WHEN ?8 IS NULL THEN projection_seq ELSE ?6 END, \
+         lease_until = COALESCE(?9, lease_until) WHERE id = ?1",
         params![
             id,
             run.state.as_str(),
@@ -878,22 +1044,28 @@ fn write_events(
             "INSERT OR REPLACE INTO steps (run_id, phase, idx, command, state, attempts) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )?;
+        // Rows as this connection last wrote them (none known: all are written).
+        let mut rows = written.take().unwrap_or_default();
         for (p, phase) in run.phases.iter().enumerate() {
             for (i, s) in phase.steps.iter().enumerate() {
-                step.execute(params![id, p, i, s.command, s.state.as_str(), s.attempts])?;
+                let now = (s.state.as_str(), s.attempts);
+                if rows.steps.get(&(p, i)) != Some(&now) {
+                    step.execute(params![id, p, i, s.command, now.0, now.1])?;
+                    rows.steps.insert((p, i), now);
+                }
             }
         }
         let mut budget = tx.prepare_cached(
             "INSERT OR REPLACE INTO budgets (run_id, name, used, lim) VALUES (?1, ?2, ?3, ?4)",
         )?;
         for name in keel_core::budget::BudgetName::ALL {
-            budget.execute(params![
-                id,
-                name.as_str(),
-                run.used(name),
-                run.limits.get(name)
-            ])?;
+            let now = (run.used(name), run.limits.get(name));
+            if rows.budgets.get(name.as_str()) != Some(&now) {
+                budget.execute(params![id, name.as_str(), now.0, now.1])?;
+                rows.budgets.insert(name.as_str(), now);
+            }
         }
+        *written = Some(rows);
     }
     Ok(())
 }

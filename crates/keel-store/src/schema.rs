@@ -79,6 +79,16 @@ const MIGRATIONS: &[&str] = &[
         body TEXT NOT NULL,
         PRIMARY KEY (run_id, n)
     ) WITHOUT ROWID;",
+    // 2: small artifacts (a step's request, reply and tool output) stored in the same
+    // transaction as the events that name them, so a step costs one fsync, not one per blob.
+    "CREATE TABLE blobs (
+        hash TEXT PRIMARY KEY,
+        bytes BLOB NOT NULL
+    );",
+    // 3: the projection is rewritten only now and then (a long run's is large); readers fold
+    // the events after `projection_seq` onto it.
+    "ALTER TABLE runs ADD COLUMN projection_seq INTEGER NOT NULL DEFAULT 0;
+    UPDATE runs SET projection_seq = last_seq;",
 ];
 
 pub(crate) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {

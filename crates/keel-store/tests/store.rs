@@ -339,3 +339,71 @@ fn walk(dir: &std::path::Path) -> Vec<String> {
     }
     out
 }
+
+/// The stored projection as written, and the sequence number it reaches.
+fn raw_projection(dir: &std::path::Path, id: &str) -> (u64, u64) {
+    let conn = rusqlite::Connection::open(dir.join(".keel/keel.db")).unwrap();
+    let (json, seq): (String, u64) = conn
+        .query_row(
+            "SELECT projection, projection_seq FROM runs WHERE id = ?1",
+            [id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    let run: Run = serde_json::from_str(&json).unwrap();
+    (run.seq, seq)
+}
+
+#[test]
+fn the_projection_is_rewritten_now_and_then_and_reads_fold_the_events_after_it() {
+    let (d, mut store) = open();
+    let (e, mut run) = created("r1");
+    let lease = store.create_run(&e, &run, "me", 0, 1000).unwrap();
+    let mut lagged = false;
+    let mut caught_up = false;
+    for _ in 0..200 {
+        let (events, next_run) = next(&run, vec![resumed(1)]);
+        store.commit(&lease, &events, &next_run, None, 0).unwrap();
+        run = next_run;
+        // Every read sees the run as committed, whatever the stored projection reaches.
+        assert_eq!(store.run("r1").unwrap(), run);
+        let (projected, projection_seq) = raw_projection(d.path(), "r1");
+        assert_eq!(
+            projected, projection_seq,
+            "projection_seq names what it holds"
+        );
+        if projection_seq < run.seq {
+            lagged = true;
+        } else if lagged {
+            caught_up = true;
+        }
+        assert!(
+            run.seq - projection_seq <= 64 + 1,
+            "the projection trails by {} events",
+            run.seq - projection_seq
+        );
+    }
+    assert!(lagged, "the projection was rewritten on every commit");
+    assert!(caught_up, "the projection was never rewritten");
+}
+
+#[test]
+fn a_damaged_event_after_the_projection_ends_the_fold_there() {
+    let (d, mut store) = open();
+    let (e, run) = created("r1");
+    let lease = store.create_run(&e, &run, "me", 0, 1000).unwrap();
+    // The first commit of a connection writes the whole projection; the next ones do not.
+    let (events, run2) = next(&run, vec![resumed(1)]);
+    store.commit(&lease, &events, &run2, None, 0).unwrap();
+    let (events, run3) = next(&run2, vec![resumed(1), resumed(1)]);
+    store.commit(&lease, &events, &run3, None, 0).unwrap();
+    assert_eq!(raw_projection(d.path(), "r1").1, run2.seq);
+    let conn = rusqlite::Connection::open(d.path().join(".keel/keel.db")).unwrap();
+    conn.execute(
+        "UPDATE events SET body = '{' WHERE run_id = 'r1' AND seq = ?1",
+        [run3.seq],
+    )
+    .unwrap();
+    let read = store.run("r1").unwrap();
+    assert_eq!(read.seq, run3.seq - 1, "folded up to the damaged event");
+}
