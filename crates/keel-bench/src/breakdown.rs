@@ -118,42 +118,37 @@ fn time_steps(store: &mut Store, run: &mut SynthRun, steps: usize) -> Result<Vec
 }
 
 impl Breakdown {
-    /// The parts of one survey step, with the count of each per step, and how much of the
-    /// measured step they explain.
-    pub fn report(
-        &self,
-        survey: &Survey,
-        step_median_us: f64,
-        events_per_step: f64,
-        commits_per_step: f64,
-    ) -> Value {
-        let artifacts_per_step = survey.artifact_files as f64 / survey.steps as f64;
-        // Per step, finish_agent_step builds the working tree twice (once itself, once for the
-        // fingerprint), reads HEAD and the branch for the fingerprint, and diffs the run's base
-        // against the new tree (agent.rs, environment.rs).
-        let git_us = 2.0 * median(&self.worktree_tree_us)
-            + median(&self.head_us)
-            + median(&self.branch_us)
-            + median(&self.diff_us);
-        let mid_steps = survey.steps as f64 / 2.0;
+    /// The parts of one survey step, with the count of each per step (counted during the
+    /// survey run), and how much of the measured step they explain.
+    pub fn report(&self, survey: &Survey, step_median_us: f64, events_per_step: f64) -> Value {
+        let steps = survey.steps as f64;
+        let artifact_files_per_step = survey.artifact_files as f64 / steps;
+        let blobs_per_step = survey.stored_blobs as f64 / steps;
+        // Counted over the whole run (its start and acceptance too): at most this many.
+        let commits_per_step = survey.commits as f64 / steps;
+        // Counted between the first and the last step's start.
+        let git_per_step = survey.git_processes as f64 / (steps - 1.0).max(1.0);
+        // One git process costs about what one `git rev-parse HEAD` does.
+        let git_us = git_per_step * median(&self.head_us);
+        let mid_steps = steps / 2.0;
         // The commit cost grows with the run (see commit_us_late); a step of the survey run is on
         // average half way through it.
         let commit_mid = median(&self.commit_early_us)
             + (median(&self.commit_late_us) - median(&self.commit_early_us)) * mid_steps
                 / self.late_steps as f64;
         let store_us = commits_per_step * commit_mid;
-        let artifacts_us = artifacts_per_step * median(&self.artifact_put_us);
+        let artifacts_us = artifact_files_per_step * median(&self.artifact_put_us);
         let explained = store_us + artifacts_us + git_us;
         json!({
             "events_per_step": crate::util::round1(events_per_step),
-            "commits_per_step": crate::util::round1(commits_per_step),
-            "fsyncs_per_step_estimate": crate::util::round1(commits_per_step + 2.0 * artifacts_per_step),
-            "artifact_files_per_step": crate::util::round1(artifacts_per_step),
-            "git_per_step": {"worktree_tree": 2, "head": 1, "branch": 1, "diff": 1},
+            "commits_per_step_at_most": crate::util::round1(commits_per_step),
+            "artifact_files_per_step": crate::util::round1(artifact_files_per_step),
+            "stored_blobs_per_step": crate::util::round1(blobs_per_step),
+            "git_processes_per_step": crate::util::round1(git_per_step),
             "store_commit_us_early": summary(&self.commit_early_us),
             "store_commit_us_late": summary(&self.commit_late_us),
             "late_run_steps": self.late_steps,
-            "artifact_put_us": summary(&self.artifact_put_us),
+            "artifact_file_put_us": summary(&self.artifact_put_us),
             "git_worktree_tree_us": summary(&self.worktree_tree_us),
             "git_head_us": summary(&self.head_us),
             "git_branch_us": summary(&self.branch_us),
@@ -161,23 +156,25 @@ impl Breakdown {
             "projection_bytes_at_end": survey.projection_bytes,
             "estimate_us_per_step": {
                 "store_commits": crate::util::round1(store_us),
-                "artifact_puts": crate::util::round1(artifacts_us),
+                "artifact_files": crate::util::round1(artifacts_us),
                 "git": crate::util::round1(git_us),
                 "rest": crate::util::round1((step_median_us - explained).max(0.0)),
                 "measured_step_median": crate::util::round1(step_median_us),
             },
-            "note": "Each part timed alone after the survey run, on its workspace and store. \
-                     commits_per_step counts the transactions the engine makes per step \
-                     (one per step_started, model_requested, model_replied, policy_decision, \
-                     tool_call_finished, and step_finished with step_verified when no step \
-                     verifier runs between them); each is one fsync of \
-                     the WAL. Each artifact is fsynced twice (the file, then its directory). \
-                     store_commit_us_late is the same commit on a run that already has \
-                     late_run_steps steps: every commit rewrites the whole projection (which \
-                     lists every step) and every step row, so it grows with the run. `rest` is \
-                     what the parts do not explain: prompt assembly and token counting, \
-                     JSON, projection clones (Run::apply clones the run per event), the \
-                     policy check and the tool."
+            "note": "Counts are taken during the survey run: commits_per_step_at_most is the \
+                     engine's event commits over the whole run divided by its steps (a step \
+                     that only reads is one commit: its events wait in memory until the step \
+                     ends, see `staged` in keel-engine); git_processes_per_step counts the git \
+                     processes keel started between the first and last step; small artifacts \
+                     (the request, the reply, the step's output) go into the store's blobs \
+                     table in the same transaction, larger ones into fsynced files. Each part \
+                     is then timed alone on the survey's workspace and store. \
+                     store_commit_us_early and _late time one synthetic step's commit on a \
+                     short run and on one with late_run_steps steps: every commit still \
+                     rewrites the whole projection (which lists every step), so it grows with \
+                     the run. `rest` is what the parts do not explain: prompt assembly and \
+                     token counting, JSON, the copy of the run kept while a step's events are \
+                     staged, the policy check and the tool."
         })
     }
 }

@@ -1,6 +1,6 @@
 //! Events appended per second by concurrent writers, with and without group commit.
 //!
-//! W writer threads each own a run and append synthetic `note` steps (8 events in 7 commits,
+//! W writer threads each own a run and append synthetic `note` steps (8 events in one commit,
 //! grouped as the engine groups them). Without group commit each writer has its own store
 //! connection and every commit is its own transaction and fsync (`Store::commit`, what keel
 //! does today). With group commit every writer hands its commits to one `GroupCommitter`,

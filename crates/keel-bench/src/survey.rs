@@ -32,6 +32,12 @@ pub struct Survey {
     pub cpu: Cpu,
     /// The projection as stored at the end, in bytes of JSON.
     pub projection_bytes: usize,
+    /// Event commits the engine made over the whole run (start and acceptance included).
+    pub commits: u64,
+    /// Git processes keel started from the first step's start to the last step's start.
+    pub git_processes: u64,
+    /// Artifacts kept in the store's own table (small ones, written with their events).
+    pub stored_blobs: u64,
     /// Kept for the measurements that reuse the workspace and store.
     pub _dir: tempfile::TempDir,
     pub workspace: PathBuf,
@@ -42,13 +48,14 @@ pub struct Survey {
 /// its `step_started` is committed, so the time between two reports is one whole step.
 #[derive(Default)]
 struct StepClock {
-    marks: Vec<(Instant, Cpu)>,
+    marks: Vec<(Instant, Cpu, u64)>,
 }
 
 impl Observer for StepClock {
     fn progress(&mut self, _: &Run, progress: Progress<'_>) {
         if let Progress::Step { .. } = progress {
-            self.marks.push((Instant::now(), util::cpu()));
+            self.marks
+                .push((Instant::now(), util::cpu(), keel_git::processes()));
         }
     }
 }
@@ -121,11 +128,14 @@ pub fn run(base: &Path, steps: usize, context_tokens: u64) -> Result<Survey> {
         .windows(2)
         .map(|w| util::us(w[1].0 - w[0].0))
         .collect();
-    let (first, last) = (marks[0].1, marks[marks.len() - 1].1);
+    let (first, last) = (&marks[0], &marks[marks.len() - 1]);
     let cpu = Cpu {
-        process_us: last.process_us - first.process_us,
-        children_us: last.children_us - first.children_us,
+        process_us: last.1.process_us - first.1.process_us,
+        children_us: last.1.children_us - first.1.children_us,
     };
+    let git_processes = last.2 - first.2;
+    let commits = store.commits();
+    let stored_blobs = util::count_blobs(&db)?;
     let projection_bytes = serde_json::to_string(&store.run(&id)?)?.len();
     let (store_bytes, _) = util::size(&ws.join(".keel"))?;
     let (_, artifact_files) = util::size(&ws.join(".keel").join("artifacts"))?;
@@ -141,6 +151,9 @@ pub fn run(base: &Path, steps: usize, context_tokens: u64) -> Result<Survey> {
         step_us,
         cpu,
         projection_bytes,
+        commits,
+        git_processes,
+        stored_blobs,
         _dir: dir,
         workspace: ws,
         db,
@@ -184,8 +197,8 @@ impl Survey {
     }
 
     /// Events of the run's agent steps (from the first `step_started` to the last
-    /// `step_verified`), counted by kind.
-    pub fn step_event_counts(&self) -> (usize, usize) {
+    /// `step_verified`).
+    pub fn step_events(&self) -> usize {
         let first = self
             .events
             .iter()
@@ -196,27 +209,7 @@ impl Survey {
             .iter()
             .rposition(|e| e.kind == "step_verified")
             .unwrap_or(0);
-        let window = self.events.get(first..=last).unwrap_or_default();
-        // The engine commits each of these kinds in a transaction of its own, with the events
-        // that accompany it (a note, a plan, a finish claim, a settled effect); see agent.rs. A
-        // `step_verified` right after its `step_finished` shares that commit (no step verifier
-        // ran between them).
-        let commits = window
-            .iter()
-            .enumerate()
-            .filter(|(i, e)| match e.kind.as_str() {
-                "step_started" | "model_requested" | "model_replied" | "policy_decision"
-                | "tool_call_finished" | "scope_reverted" | "step_finished" | "step_failed" => true,
-                "step_verified" => {
-                    i.checked_sub(1)
-                        .and_then(|p| window.get(p))
-                        .map(|p| p.kind.as_str())
-                        != Some("step_finished")
-                }
-                _ => false,
-            })
-            .count();
-        (window.len(), commits)
+        self.events.get(first..=last).unwrap_or_default().len()
     }
 }
 

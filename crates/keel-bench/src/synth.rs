@@ -6,13 +6,11 @@
 //! command, signature (unique, so loop detection sees no repeat) and post-step fingerprint (the
 //! run's own base: a note changes nothing) set for the run it joins. Each event is folded with
 //! `Run::apply` before it is committed, and the store checks token, log head and chain as for
-//! any commit, so the log is one the engine would accept. Commits are grouped the way the engine
-//! groups them (`agent.rs`): one commit per event, except that `note_added` and its
-//! `tool_call_finished` share one, and so do `step_finished` and `step_verified` (no step
-//! verifier runs for a step that changed nothing).
+//! any commit, so the log is one the engine would accept. A step is one commit, as the engine
+//! makes it for a step that only reads (`agent.rs`: its events are staged until the step ends).
 
 use anyhow::{Context, Result, bail, ensure};
-use keel_core::event::{Event, EventBody, StepId};
+use keel_core::event::{EventBody, StepId};
 use keel_core::run::Run;
 use keel_core::state::RunState;
 use keel_store::{GroupHandle, Lease, Store, StoredEvent};
@@ -96,9 +94,9 @@ impl Template {
             }
             let body: EventBody = serde_json::from_value(body)
                 .with_context(|| format!("a synthetic {kind} event does not decode"))?;
-            match (kind.as_str(), groups.last_mut()) {
-                ("tool_call_finished" | "step_verified", Some(last)) => last.push(body),
-                _ => groups.push(vec![body]),
+            match groups.last_mut() {
+                Some(last) => last.push(body),
+                None => groups.push(vec![body]),
             }
         }
         Ok(groups)
@@ -138,12 +136,7 @@ impl SynthRun {
         let mut next = self.run.clone();
         let mut events = Vec::with_capacity(bodies.len());
         for body in bodies {
-            let event = Event {
-                run_id: next.id.clone(),
-                seq: next.seq + 1,
-                at_ms,
-                body,
-            };
+            let event = next.next_event(at_ms, body);
             next.apply(&event)
                 .with_context(|| format!("synthetic event {} refused", event.seq))?;
             events.push(event);
@@ -165,12 +158,7 @@ impl SynthRun {
         let at_ms = keel_engine::now_ms();
         for _ in 0..steps {
             for body in next_step(&self.template, &next)?.into_iter().flatten() {
-                let event = Event {
-                    run_id: next.id.clone(),
-                    seq: next.seq + 1,
-                    at_ms,
-                    body,
-                };
+                let event = next.next_event(at_ms, body);
                 next.apply(&event)
                     .with_context(|| format!("synthetic event {} refused", event.seq))?;
                 events.push(event);

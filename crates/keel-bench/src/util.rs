@@ -165,3 +165,10 @@ pub fn figure(
     m.insert("note".into(), json!(note));
     m
 }
+
+/// How many artifacts a store keeps in its own `blobs` table.
+pub fn count_blobs(db: &Path) -> Result<u64> {
+    let conn =
+        rusqlite::Connection::open(db).with_context(|| format!("opening {}", db.display()))?;
+    Ok(conn.query_row("SELECT count(*) FROM blobs", [], |r| r.get(0))?)
+}
