@@ -9,8 +9,9 @@ use rusqlite::{Connection, params};
 
 use crate::util::us;
 
-/// The time of each of `n` commits, in microseconds.
-pub fn sqlite_commits(dir: &Path, n: usize) -> Result<Vec<f64>> {
+/// The time of each of `n` commits, and the CPU time (user + system, this process) they took
+/// together, in microseconds.
+pub fn sqlite_commits(dir: &Path, n: usize) -> Result<(Vec<f64>, f64)> {
     std::fs::create_dir_all(dir)?;
     let conn = Connection::open(dir.join("floor.db"))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
@@ -20,8 +21,12 @@ pub fn sqlite_commits(dir: &Path, n: usize) -> Result<Vec<f64>> {
     let body = "x".repeat(300);
     let mut insert = conn.prepare("INSERT INTO t (body) VALUES (?1)")?;
     let mut times = Vec::with_capacity(n);
+    let mut cpu_from = crate::util::cpu();
     // A few unmeasured commits first: the WAL file is created and grown by the first ones.
     for i in 0..n + 10 {
+        if i == 10 {
+            cpu_from = crate::util::cpu();
+        }
         let started = Instant::now();
         conn.execute_batch("BEGIN IMMEDIATE")?;
         insert.execute(params![body])?;
@@ -30,5 +35,6 @@ pub fn sqlite_commits(dir: &Path, n: usize) -> Result<Vec<f64>> {
             times.push(us(started.elapsed()));
         }
     }
-    Ok(times)
+    let cpu_us = crate::util::cpu().process_us - cpu_from.process_us;
+    Ok((times, cpu_us))
 }

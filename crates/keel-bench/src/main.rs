@@ -155,9 +155,10 @@ fn main() -> Result<()> {
 
     // The floor first, then again after the survey run: the disk may change under load.
     let mut floor_us = Vec::new();
+    let mut floor_cpu_us = 0.0;
     let floor_dir = tempfile::tempdir_in(&base)?;
     if on("floor") || on("survey") {
-        floor_us = floor::sqlite_commits(floor_dir.path(), o.floor_commits / 2)?;
+        (floor_us, floor_cpu_us) = floor::sqlite_commits(floor_dir.path(), o.floor_commits / 2)?;
     }
 
     let mut survey = None;
@@ -165,32 +166,34 @@ fn main() -> Result<()> {
     if on("survey") || on("events") || on("resume") {
         let s = survey::run(&base, o.steps, o.context_tokens)?;
         let t = synth::Template::from_log(&s.events, s.steps / 2)?;
-        floor_us.extend(floor::sqlite_commits(
-            &floor_dir.path().join("again"),
-            o.floor_commits / 2,
-        )?);
+        let (again, cpu) =
+            floor::sqlite_commits(&floor_dir.path().join("again"), o.floor_commits / 2)?;
+        floor_us.extend(again);
+        floor_cpu_us += cpu;
         survey = Some(s);
         template = Some(t);
     }
     let floor = summary(&floor_us);
     let floor_median = floor["median"].as_f64().unwrap_or(0.0);
+    let floor_cpu = round1(floor_cpu_us / floor_us.len().max(1) as f64);
     if !floor_us.is_empty() {
-        report.insert(
-            "sqlite_commit_us".into(),
-            Value::Object(figure(
-                floor.clone(),
-                json!(null),
-                "none: this is the floor step_overhead_us is judged against",
-                None,
-                "One INSERT of a 300-byte row in BEGIN IMMEDIATE … COMMIT, WAL, synchronous = \
-                 FULL (keel-store's settings), in the same temporary directory as the runs; \
-                 half the commits before the survey run and half after it.",
-            )),
+        let mut f = figure(
+            floor.clone(),
+            json!(null),
+            "none: this is the floor step_overhead_us is judged against",
+            None,
+            "One INSERT of a 300-byte row in BEGIN IMMEDIATE … COMMIT, WAL, synchronous = \
+             FULL (keel-store's settings), in the same temporary directory as the runs; \
+             half the commits before the survey run and half after it. cpu_us_per_commit is \
+             this process's user + system time over those commits (the fsync's work in the \
+             kernel included), divided by them.",
         );
+        f.insert("cpu_us_per_commit".into(), json!(floor_cpu));
+        report.insert("sqlite_commit_us".into(), Value::Object(f));
     }
 
     if let (Some(s), Some(t), true) = (&survey, &template, on("survey")) {
-        survey_figures(&mut report, s, t, floor_median, &o)?;
+        survey_figures(&mut report, s, t, (floor_median, floor_cpu), &o)?;
     }
 
     if let (Some(s), Some(t), true) = (&survey, &template, on("events")) {
@@ -326,7 +329,7 @@ fn survey_figures(
     report: &mut Map<String, Value>,
     s: &survey::Survey,
     t: &synth::Template,
-    floor_median: f64,
+    (floor_median, floor_cpu): (f64, f64),
     o: &Options,
 ) -> Result<()> {
     let steps = s.step_us.len();
@@ -361,13 +364,15 @@ fn survey_figures(
         "cpu_us_per_step".into(),
         Value::Object(figure(
             json!({"process": cpu_process, "children": cpu_children, "total": round1(cpu_process + cpu_children)}),
-            json!(null),
+            json!({"floor_commit_cpu_us": floor_cpu}),
             "process < 100 µs per step",
             Some(cpu_process < 100.0),
             "getrusage user + system time over the same steps as step_overhead_us, divided \
              by the steps: `process` is keel's own (RUSAGE_SELF), `children` is the git \
              processes it waited for (RUSAGE_CHILDREN). The target is on `process`; \
-             `total` is what a step costs the machine.",
+             `total` is what a step costs the machine. The reference is the CPU one floor \
+             commit takes in this process (sqlite_commit_us.cpu_us_per_commit): a durable \
+             step makes at least one such commit.",
         )),
     );
 

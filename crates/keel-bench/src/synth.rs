@@ -137,7 +137,7 @@ impl SynthRun {
         let mut events = Vec::with_capacity(bodies.len());
         for body in bodies {
             let event = next.next_event(at_ms, body);
-            next.apply(&event)
+            next.apply_in_place(&event)
                 .with_context(|| format!("synthetic event {} refused", event.seq))?;
             events.push(event);
         }
@@ -159,7 +159,7 @@ impl SynthRun {
         for _ in 0..steps {
             for body in next_step(&self.template, &next)?.into_iter().flatten() {
                 let event = next.next_event(at_ms, body);
-                next.apply(&event)
+                next.apply_in_place(&event)
                     .with_context(|| format!("synthetic event {} refused", event.seq))?;
                 events.push(event);
             }

@@ -73,13 +73,22 @@ fn the_quick_report_is_json_with_every_figure() {
             "{key}"
         );
     }
+    assert!(report["sqlite_commit_us"]["cpu_us_per_commit"].is_number());
+    assert!(report["cpu_us_per_step"]["reference"]["floor_commit_cpu_us"].is_number());
     assert!(report["resume_ms"]["value"]["events_100"].is_number());
     assert!(report["resume_ms"]["value"]["events_1000"].is_number());
     assert!(report["prompt_tokens"]["value"]["step_10"].is_number());
     assert!(report["prompt_tokens"]["value"]["step_20"].is_number());
     assert!(report["concurrent_runs"]["value"]["steps_per_s"].is_number());
     assert_eq!(report["concurrent_runs"]["completed"], 6, "{report:#}");
-    assert!(report["step_breakdown"]["commits_per_step"].is_number());
+    for key in [
+        "commits_per_step_at_most",
+        "git_processes_per_step",
+        "stored_blobs_per_step",
+        "artifact_files_per_step",
+    ] {
+        assert!(report["step_breakdown"][key].is_number(), "{key}");
+    }
     for key in ["ms_per_step", "events", "store_bytes"] {
         assert!(report[key].is_number(), "{key}");
     }

@@ -13,6 +13,10 @@ use std::time::Duration;
 
 use common::{Fixture, kinds, state};
 
+/// Three steps that each write their file at once and then take a second. The file comes
+/// first: a paused worker's command goes on running, and a write of it landing after another
+/// worker took the run over is a change of the workspace that keel (rightly) blocks on as
+/// drift; written at once, it lands long before the paused worker's lease can expire.
 fn slow_contract(marker: &Path, gated: bool) -> String {
     let m = marker.display();
     format!(
@@ -30,9 +34,9 @@ name = "slow"
 kind = "command"
 approval = {gated}
 run = [
-  "echo a >> {m}; sleep 1; echo a > a.txt",
-  "echo b >> {m}; sleep 1; echo b > b.txt",
-  "echo c >> {m}; sleep 1; echo c > c.txt",
+  "echo a >> {m}; echo a > a.txt; sleep 1",
+  "echo b >> {m}; echo b > b.txt; sleep 1",
+  "echo c >> {m}; echo c > c.txt; sleep 1",
 ]
 {sandbox}"#,
         sandbox = common::outside_writable()
@@ -102,7 +106,7 @@ fn executions(marker: &Path) -> Vec<String> {
 fn a_detached_run_is_driven_by_a_worker() {
     let outside = tempfile::tempdir().unwrap();
     let marker = outside.path().join("m");
-    let f = Fixture::new(&slow_contract(&marker, false).replace("sleep 1; ", ""));
+    let f = Fixture::new(&slow_contract(&marker, false).replace("; sleep 1", ""));
     let id = detach(&f);
     assert_eq!(state(&f.status(&id)), "planned");
     assert!(!marker.exists(), "nothing ran yet");
@@ -119,7 +123,7 @@ fn a_detached_run_is_driven_by_a_worker() {
 fn a_worker_carries_out_an_approval_that_arrived() {
     let outside = tempfile::tempdir().unwrap();
     let marker = outside.path().join("m");
-    let f = Fixture::new(&slow_contract(&marker, true).replace("sleep 1; ", ""));
+    let f = Fixture::new(&slow_contract(&marker, true).replace("; sleep 1", ""));
     let (id, out) = f.start(&[]);
     assert_eq!(out.status.code(), Some(3));
     // Waiting for a person is not work for a worker.
@@ -238,7 +242,7 @@ fn sigterm_stops_a_worker_at_a_step_boundary() {
 fn a_worker_killed_while_a_run_waits_leaves_it_for_the_next_and_nothing_runs_twice() {
     let outside = tempfile::tempdir().unwrap();
     let marker = outside.path().join("m");
-    let f = Fixture::new(&slow_contract(&marker, true).replace("sleep 1; ", ""));
+    let f = Fixture::new(&slow_contract(&marker, true).replace("; sleep 1", ""));
     let id = detach(&f);
     // A worker takes the run to its gate, where it waits for a person, and is killed there.
     let mut a = worker(&f, &[]);
@@ -261,7 +265,7 @@ fn a_worker_killed_while_a_run_waits_leaves_it_for_the_next_and_nothing_runs_twi
 fn a_git_lock_left_by_a_killed_process_does_not_stop_the_next_one() {
     let outside = tempfile::tempdir().unwrap();
     let marker = outside.path().join("m");
-    let f = Fixture::new(&slow_contract(&marker, true).replace("sleep 1; ", ""));
+    let f = Fixture::new(&slow_contract(&marker, true).replace("; sleep 1", ""));
     let (id, out) = f.start(&[]);
     assert_eq!(out.status.code(), Some(3));
     let checkpoints = f.status(&id)["checkpoints"].as_u64().unwrap();
@@ -285,7 +289,7 @@ fn a_git_lock_left_by_a_killed_process_does_not_stop_the_next_one() {
 fn a_run_that_cannot_be_driven_does_not_keep_a_worker_busy() {
     let outside = tempfile::tempdir().unwrap();
     let marker = outside.path().join("m");
-    let f = Fixture::new(&slow_contract(&marker, false).replace("sleep 1; ", ""));
+    let f = Fixture::new(&slow_contract(&marker, false).replace("; sleep 1", ""));
     let id = detach(&f);
     // Damage in the middle of the log: resume refuses the run, every time.
     f.db()

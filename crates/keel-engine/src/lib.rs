@@ -235,8 +235,10 @@ pub struct Engine<'a> {
     /// the process, so it waits for the next commit and is stored with it in one transaction.
     /// Anything that reaches outside (a command, a network call, a person) commits first.
     staged: Vec<Event>,
-    /// `run` as of the last commit while events are staged: put back if that commit fails.
-    durable: Option<Run>,
+    /// A commit or a staged event failed: `run` may hold events that were not stored, so this
+    /// engine writes nothing more (the caller stops driving the run; a resume reads the log).
+    /// Events are applied to `run` in place, with no copy kept to go back to.
+    poisoned: bool,
     /// The agent step this process started (not one it took over after a crash): only its
     /// course is fully known here.
     fresh_step: Option<StepId>,
@@ -476,7 +478,7 @@ pub fn start(
         lease_ttl_ms: LEASE_TTL_MS,
         mcp: mcp::McpTools::default(),
         staged: Vec::new(),
-        durable: None,
+        poisoned: false,
         fresh_step: None,
         diff_cache: None,
     };
@@ -627,7 +629,7 @@ pub fn resume(
         lease_ttl_ms,
         mcp: mcp::McpTools::default(),
         staged: Vec::new(),
-        durable: None,
+        poisoned: false,
         fresh_step: None,
         diff_cache: None,
     };
@@ -815,8 +817,7 @@ fn checkpoint_is_valid(
 }
 
 fn first_event(store: &Store, id: &str) -> Result<Event, EngineError> {
-    let first = store.events_from(id, 1)?;
-    let e = first.first().ok_or_else(|| EngineError::DamagedLog {
+    let e = store.event(id, 1)?.ok_or_else(|| EngineError::DamagedLog {
         run: id.to_string(),
         problem: "the log has no events".into(),
     })?;
@@ -1143,28 +1144,21 @@ impl Engine<'_> {
         bodies: Vec<EventBody>,
         checkpoint: Option<&Checkpoint>,
     ) -> Result<(), EngineError> {
+        self.check_poisoned()?;
         let at_ms = now_ms();
-        let mut next = match self.durable.take() {
-            // Staged events are already applied to `run`: it is the projection after them.
-            Some(durable) => std::mem::replace(&mut self.run, durable),
-            None => self.run.clone(),
-        };
+        // Staged events are already applied to `run`; these are applied after them.
         let mut events = std::mem::take(&mut self.staged);
-        let result = apply_bodies(&self.scrubber, &mut next, bodies, at_ms, &mut events);
-        let result = result.and_then(|()| {
-            fault::point("before commit");
-            Ok(self.store.commit(
-                &self.lease,
-                &events,
-                &next,
-                checkpoint,
-                at_ms + self.lease_ttl_ms,
-            )?)
-        });
-        // On failure `run` stays as the last commit left it; the staged events are gone with
-        // the process's claim to them (the caller stops driving the run).
-        result?;
-        self.run = next;
+        self.poisoned = true;
+        apply_bodies(&self.scrubber, &mut self.run, bodies, at_ms, &mut events)?;
+        fault::point("before commit");
+        self.store.commit(
+            &self.lease,
+            &events,
+            &self.run,
+            checkpoint,
+            at_ms + self.lease_ttl_ms,
+        )?;
+        self.poisoned = false;
         fault::point("after commit");
         Ok(())
     }
@@ -1173,27 +1167,28 @@ impl Engine<'_> {
     /// `staged`). Only for events that record what happened inside keel: nothing outside may
     /// have acted on them.
     fn stage(&mut self, bodies: Vec<EventBody>) -> Result<(), EngineError> {
-        let at_ms = now_ms();
-        if self.durable.is_none() {
-            self.durable = Some(self.run.clone());
-        }
-        match apply_bodies(
+        self.check_poisoned()?;
+        self.poisoned = true;
+        apply_bodies(
             &self.scrubber,
             &mut self.run,
             bodies,
-            at_ms,
+            now_ms(),
             &mut self.staged,
-        ) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                // The staged events go with the failure: `run` is put back to the last commit.
-                if let Some(durable) = self.durable.take() {
-                    self.run = durable;
-                }
-                self.staged.clear();
-                Err(e)
-            }
+        )?;
+        self.poisoned = false;
+        Ok(())
+    }
+
+    fn check_poisoned(&self) -> Result<(), EngineError> {
+        if self.poisoned {
+            return Err(EngineError::Usage(format!(
+                "run {}: a write failed earlier in this process, which stops driving the run; \
+                 `keel resume {}` goes on from what is stored",
+                self.run.id, self.run.id
+            )));
         }
+        Ok(())
     }
 
     /// Stores the staged events, if any, before something reaches outside the process.

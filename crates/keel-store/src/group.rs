@@ -315,6 +315,10 @@ fn write_batch(
     batch: &[Box<Request>],
 ) -> Result<Vec<Result<(), GroupError>>, rusqlite::Error> {
     let path = store.path.clone();
+    let writer = std::sync::Arc::clone(&store.writer);
+    let _queued = writer
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let tx = store
         .conn
         .transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -328,7 +332,7 @@ fn write_batch(
             &r.run,
             r.checkpoint.as_ref(),
             r.lease_until_ms,
-            &mut None,
+            &mut crate::Written::Rewrite,
         ) {
             Ok(()) => {
                 tx.execute_batch("RELEASE keel_group")?;

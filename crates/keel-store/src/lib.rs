@@ -186,14 +186,41 @@ pub struct Store {
     rows: std::cell::RefCell<std::collections::HashMap<String, Rows>>,
     /// Event commits made through this connection (for the benchmark's count per step).
     commits: std::cell::Cell<u64>,
+    /// Shared by every connection this process has to the same file: its writers queue here
+    /// rather than in SQLite's busy handler, which sleeps and retries and, with many threads,
+    /// can leave one waiting past the busy timeout (`database is locked`).
+    writer: std::sync::Arc<std::sync::Mutex<()>>,
+}
+
+/// The write lock of the store file at `path` in this process.
+fn writer_lock(path: &Path) -> std::sync::Arc<std::sync::Mutex<()>> {
+    type Locks =
+        std::sync::Mutex<std::collections::HashMap<PathBuf, std::sync::Arc<std::sync::Mutex<()>>>>;
+    static LOCKS: std::sync::OnceLock<Locks> = std::sync::OnceLock::new();
+    let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut locks = LOCKS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    locks.entry(key).or_default().clone()
 }
 
 /// The queryable rows of a run's projection as last written: step (phase, index) to (state,
 /// attempts), and budget name to (used, limit).
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Rows {
-    steps: std::collections::HashMap<(usize, usize), (&'static str, u32)>,
-    budgets: std::collections::HashMap<&'static str, (u64, Option<u64>)>,
+    steps: std::collections::HashMap<(usize, usize), (String, u32)>,
+    budgets: std::collections::HashMap<String, (u64, Option<u64>)>,
+}
+
+/// What a write knows of the rows already stored for the run.
+pub(crate) enum Written {
+    /// Write every row and the whole projection (a new run, a rebuilt projection).
+    Rewrite,
+    /// Read the stored rows first, then write those that differ.
+    Unknown,
+    /// The rows as this connection last wrote them.
+    Known(Rows),
 }
 
 /// Events a projection may trail its log by, beyond one per step of the run.
@@ -229,6 +256,7 @@ impl Store {
             pending_blobs: std::cell::RefCell::new(Vec::new()),
             rows: std::cell::RefCell::new(std::collections::HashMap::new()),
             commits: std::cell::Cell::new(0),
+            writer: writer_lock(path),
         })
     }
 
@@ -343,6 +371,10 @@ impl Store {
             path: path.clone(),
             source,
         };
+        let writer = std::sync::Arc::clone(&self.writer);
+        let _queued = writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -373,7 +405,7 @@ impl Store {
             run,
             None,
             now_ms + ttl_ms,
-            &mut None,
+            &mut Written::Rewrite,
         )
         .map_err(|e| e.into_store(&path))?;
         finish(tx).map_err(sql)?;
@@ -397,6 +429,10 @@ impl Store {
             path: path.clone(),
             source,
         };
+        let writer = std::sync::Arc::clone(&self.writer);
+        let _queued = writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -440,6 +476,10 @@ impl Store {
 
     /// Gives the lease back (only if it is still ours).
     pub fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        let _queued = self
+            .writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.conn
             .execute(
                 "UPDATE runs SET lease_holder = NULL, lease_until = 0 WHERE id = ?1 AND lease_token = ?2",
@@ -452,6 +492,10 @@ impl Store {
     /// Extends a lease that is still ours (a heartbeat during a long step). Returns whether it
     /// still was.
     pub fn renew(&self, run_id: &str, holder: &str, until_ms: i64) -> Result<bool, StoreError> {
+        let _queued = self
+            .writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let n = self
             .conn
             .execute(
@@ -496,11 +540,18 @@ impl Store {
             path: path.clone(),
             source,
         };
+        let writer = std::sync::Arc::clone(&self.writer);
+        let _queued = writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sql)?;
-        let mut rows = self.rows.borrow_mut().remove(&lease.run_id);
+        let mut rows = match self.rows.borrow_mut().remove(&lease.run_id) {
+            Some(rows) => Written::Known(rows),
+            None => Written::Unknown,
+        };
         write_events(
             &tx,
             lease,
@@ -515,8 +566,8 @@ impl Store {
         finish(tx).map_err(sql)?;
         self.pending_blobs.borrow_mut().clear();
         self.commits.set(self.commits.get() + 1);
-        // Only a committed write is remembered: after a failure every row is written again.
-        if let Some(rows) = rows {
+        // Only a committed write is remembered: after a failure the rows are read again.
+        if let Written::Known(rows) = rows {
             self.rows.borrow_mut().insert(lease.run_id.clone(), rows);
         }
         Ok(())
@@ -538,6 +589,10 @@ impl Store {
             path: path.clone(),
             source,
         };
+        let writer = std::sync::Arc::clone(&self.writer);
+        let _queued = writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -571,8 +626,16 @@ impl Store {
         )
         .map_err(sql)?;
         self.rows.borrow_mut().remove(&lease.run_id);
-        write_events(&tx, lease, events, run, None, lease_until_ms, &mut None)
-            .map_err(|e| e.into_store(&path))?;
+        write_events(
+            &tx,
+            lease,
+            events,
+            run,
+            None,
+            lease_until_ms,
+            &mut Written::Rewrite,
+        )
+        .map_err(|e| e.into_store(&path))?;
         write_blobs(&tx, &self.pending_blobs.borrow()).map_err(sql)?;
         finish(tx).map_err(sql)?;
         self.pending_blobs.borrow_mut().clear();
@@ -698,18 +761,7 @@ impl Store {
                 "SELECT seq, at, v, kind, body, prev_hash, hash FROM events \
                  WHERE run_id = ?1 AND seq = ?2",
                 params![id, seq],
-                |r| {
-                    Ok(StoredEvent {
-                        run_id: id.to_string(),
-                        seq: r.get(0)?,
-                        at_ms: r.get(1)?,
-                        version: r.get(2)?,
-                        kind: text(r, 3)?,
-                        body: text(r, 4)?,
-                        prev_hash: text(r, 5)?,
-                        hash: text(r, 6)?,
-                    })
-                },
+                |r| stored_event(id, r),
             )
             .optional()
             .map_err(|e| self.sql(e))
@@ -731,19 +783,7 @@ impl Store {
             .map_err(|e| self.sql(e))?;
         let mut rows = stmt.query(params![id, from_seq]).map_err(|e| self.sql(e))?;
         while let Some(r) = rows.next().map_err(|e| self.sql(e))? {
-            let event = (|| {
-                Ok::<_, rusqlite::Error>(StoredEvent {
-                    run_id: id.to_string(),
-                    seq: r.get(0)?,
-                    at_ms: r.get(1)?,
-                    version: r.get(2)?,
-                    kind: text(r, 3)?,
-                    body: text(r, 4)?,
-                    prev_hash: text(r, 5)?,
-                    hash: text(r, 6)?,
-                })
-            })()
-            .map_err(|e| self.sql(e))?;
+            let event = stored_event(id, r).map_err(|e| self.sql(e))?;
             f(event)?;
         }
         Ok(())
@@ -759,17 +799,7 @@ impl Store {
             )
             .map_err(|e| self.sql(e))?;
         let rows = stmt
-            .query_map([id], |r| {
-                Ok(CheckpointRow {
-                    n: r.get(0)?,
-                    seq: r.get(1)?,
-                    at_ms: r.get(2)?,
-                    hash: text(r, 3)?,
-                    snapshot_ref: text(r, 4)?,
-                    commit: text(r, 5)?,
-                    body: text(r, 6)?,
-                })
-            })
+            .query_map([id], checkpoint_row)
             .map_err(|e| self.sql(e))?;
         rows.collect::<Result<_, _>>().map_err(|e| self.sql(e))
     }
@@ -781,17 +811,7 @@ impl Store {
                 "SELECT n, seq, at, hash, snapshot_ref, commit_id, body FROM checkpoints \
                  WHERE run_id = ?1 ORDER BY n DESC LIMIT 1",
                 [id],
-                |r| {
-                    Ok(CheckpointRow {
-                        n: r.get(0)?,
-                        seq: r.get(1)?,
-                        at_ms: r.get(2)?,
-                        hash: text(r, 3)?,
-                        snapshot_ref: text(r, 4)?,
-                        commit: text(r, 5)?,
-                        body: text(r, 6)?,
-                    })
-                },
+                checkpoint_row,
             )
             .optional()
             .map_err(|e| self.sql(e))
@@ -805,6 +825,10 @@ impl Store {
             path: path.clone(),
             source,
         };
+        let writer = std::sync::Arc::clone(&self.writer);
+        let _queued = writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -822,9 +846,37 @@ impl Store {
         )
         .map_err(sql)?;
         self.rows.borrow_mut().remove(&lease.run_id);
-        write_events(&tx, lease, &[], run, None, 0, &mut None).map_err(|e| e.into_store(&path))?;
+        write_events(&tx, lease, &[], run, None, 0, &mut Written::Rewrite)
+            .map_err(|e| e.into_store(&path))?;
         finish(tx).map_err(sql)
     }
+}
+
+/// An event row (`seq, at, v, kind, body, prev_hash, hash`) of run `id`.
+fn stored_event(id: &str, r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredEvent> {
+    Ok(StoredEvent {
+        run_id: id.to_string(),
+        seq: r.get(0)?,
+        at_ms: r.get(1)?,
+        version: r.get(2)?,
+        kind: text(r, 3)?,
+        body: text(r, 4)?,
+        prev_hash: text(r, 5)?,
+        hash: text(r, 6)?,
+    })
+}
+
+/// A checkpoint row (`n, seq, at, hash, snapshot_ref, commit_id, body`).
+fn checkpoint_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CheckpointRow> {
+    Ok(CheckpointRow {
+        n: r.get(0)?,
+        seq: r.get(1)?,
+        at_ms: r.get(2)?,
+        hash: text(r, 3)?,
+        snapshot_ref: text(r, 4)?,
+        commit: text(r, 5)?,
+        body: text(r, 6)?,
+    })
 }
 
 /// A text column as stored. A damaged byte can leave it invalid UTF-8; it is read with the damage
@@ -841,6 +893,25 @@ fn text(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<String> {
 
 /// Commits a transaction that appends events or rewrites a projection. This is where
 /// `KEEL_STORE_FAULT` makes a commit fail, or succeed and report a failure (see `fault.rs`).
+/// The `steps` and `budgets` rows stored for a run.
+fn stored_rows(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<Rows, rusqlite::Error> {
+    let mut rows = Rows::default();
+    let mut steps =
+        tx.prepare_cached("SELECT phase, idx, state, attempts FROM steps WHERE run_id = ?1")?;
+    for row in steps.query_map([id], |r| {
+        Ok(((r.get(0)?, r.get(1)?), (r.get(2)?, r.get(3)?)))
+    })? {
+        let (key, value) = row?;
+        rows.steps.insert(key, value);
+    }
+    let mut budgets = tx.prepare_cached("SELECT name, used, lim FROM budgets WHERE run_id = ?1")?;
+    for row in budgets.query_map([id], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?))))? {
+        let (name, value) = row?;
+        rows.budgets.insert(name, value);
+    }
+    Ok(rows)
+}
+
 /// Writes the artifacts waiting for a commit into its transaction.
 fn write_blobs(
     tx: &rusqlite::Transaction<'_>,
@@ -902,7 +973,7 @@ fn write_events(
     run: &Run,
     checkpoint: Option<&Checkpoint>,
     lease_until_ms: i64,
-    written: &mut Option<Rows>,
+    written: &mut Written,
 ) -> Result<(), TxError> {
     let id = &lease.run_id;
     let (token, mut last_seq, mut last_hash, projection_seq, stored_state): (
@@ -911,11 +982,13 @@ fn write_events(
         String,
         u64,
         String,
-    ) = tx.query_row(
-        "SELECT lease_token, last_seq, last_hash, projection_seq, state FROM runs WHERE id = ?1",
-        [id],
-        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
-    )?;
+    ) = tx
+        .prepare_cached(
+            "SELECT lease_token, last_seq, last_hash, projection_seq, state FROM runs WHERE id = ?1",
+        )?
+        .query_row([id], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })?;
     if token != lease.token {
         return Err(TxError::Store(StoreError::LeaseLost {
             run: id.clone(),
@@ -1012,46 +1085,50 @@ fn write_events(
     }
     let phase = run.phases.get(run.cursor as usize).map(|p| p.name.clone());
     let until: Option<i64> = (lease_until_ms > 0).then_some(lease_until_ms);
-    // The whole projection is rewritten when this connection does not know the rows (its first
-    // write, or one that must replace everything), with a checkpoint, when the state changes,
-    // and once the events after it are about as many as the run has steps (so a read folds
-    // a bounded tail); otherwise `Store::run` folds the events after `projection_seq`.
+    // The whole projection is rewritten when asked, with a checkpoint, when the state changes,
+    // and once the events after it are more than a bound that grows with the run (so a read
+    // folds a tail worth about as much as the projection, and a long run does not rewrite its
+    // large projection on every commit); otherwise `Store::run` folds the events after
+    // `projection_seq`.
     let steps: usize = run.phases.iter().map(|p| p.steps.len()).sum();
-    let full = written.is_none()
+    let full = matches!(written, Written::Rewrite)
         || checkpoint.is_some()
         || stored_state != run.state.as_str()
-        || last_seq.saturating_sub(projection_seq) >= PROJECTION_TAIL + steps as u64;
+        || last_seq.saturating_sub(projection_seq) >= PROJECTION_TAIL + steps as u64 / 2;
     let projection = full.then(|| serde_json::to_string(run).unwrap_or_default());
-    tx.execute(
+    tx.prepare_cached(
         "UPDATE runs SET state = ?2, reason = ?3, phase = ?4, updated_at = ?5, last_seq = ?6, \
          last_hash = ?7, projection = COALESCE(?8, projection), \
          projection_seq = CASE WHEN ?8 IS NULL THEN projection_seq ELSE ?6 END, \
          lease_until = COALESCE(?9, lease_until) WHERE id = ?1",
-        params![
-            id,
-            run.state.as_str(),
-            run.reason,
-            phase,
-            run.updated_at_ms,
-            last_seq,
-            last_hash,
-            projection,
-            until
-        ],
-    )?;
+    )?
+    .execute(params![
+        id,
+        run.state.as_str(),
+        run.reason,
+        phase,
+        run.updated_at_ms,
+        last_seq,
+        last_hash,
+        projection,
+        until
+    ])?;
     {
         let mut step = tx.prepare_cached(
             "INSERT OR REPLACE INTO steps (run_id, phase, idx, command, state, attempts) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )?;
-        // Rows as this connection last wrote them (none known: all are written).
-        let mut rows = written.take().unwrap_or_default();
+        let mut rows = match std::mem::replace(written, Written::Rewrite) {
+            Written::Known(rows) => rows,
+            Written::Unknown => stored_rows(tx, id)?,
+            Written::Rewrite => Rows::default(),
+        };
         for (p, phase) in run.phases.iter().enumerate() {
             for (i, s) in phase.steps.iter().enumerate() {
                 let now = (s.state.as_str(), s.attempts);
-                if rows.steps.get(&(p, i)) != Some(&now) {
+                if rows.steps.get(&(p, i)).map(|(st, a)| (st.as_str(), *a)) != Some(now) {
                     step.execute(params![id, p, i, s.command, now.0, now.1])?;
-                    rows.steps.insert((p, i), now);
+                    rows.steps.insert((p, i), (now.0.to_string(), now.1));
                 }
             }
         }
@@ -1062,10 +1139,10 @@ fn write_events(
             let now = (run.used(name), run.limits.get(name));
             if rows.budgets.get(name.as_str()) != Some(&now) {
                 budget.execute(params![id, name.as_str(), now.0, now.1])?;
-                rows.budgets.insert(name.as_str(), now);
+                rows.budgets.insert(name.as_str().to_string(), now);
             }
         }
-        *written = Some(rows);
+        *written = Written::Known(rows);
     }
     Ok(())
 }
