@@ -9,37 +9,6 @@ mod common;
 use common::{Fixture, kinds, state};
 use serde_json::Value;
 
-fn contract(marker: &std::path::Path) -> String {
-    format!(
-        r#"
-[task]
-goal = "The note is published."
-
-[[verify]]
-name = "published"
-tier = "acceptance"
-run = "test -f published.txt"
-
-[[phase]]
-name = "write"
-kind = "command"
-run = ["echo note > note.txt"]
-
-[[phase]]
-name = "publish"
-kind = "command"
-approval = true
-run = ["cp note.txt published.txt; echo published >> {}"]
-
-# The phase counts its executions in a marker outside the workspace.
-[sandbox]
-writable = ["{}"]
-"#,
-        marker.display(),
-        marker.parent().unwrap().display()
-    )
-}
-
 struct Gated {
     f: Fixture,
     _outside: tempfile::TempDir,
@@ -50,7 +19,7 @@ struct Gated {
 fn gated() -> Gated {
     let outside = tempfile::tempdir().unwrap();
     let marker = outside.path().join("published-count");
-    let f = Fixture::new(&contract(&marker));
+    let f = Fixture::new(&common::publish_contract(&marker));
     let (id, out) = f.start(&[]);
     assert_eq!(out.status.code(), Some(3), "{}", f.explain(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("awaiting_approval"));
@@ -235,9 +204,12 @@ fn a_rejection_blocks_the_run_and_the_gated_action_never_runs() {
 fn the_approvals_budget_bounds_how_often_a_person_is_asked() {
     let outside = tempfile::tempdir().unwrap();
     let marker = outside.path().join("m");
-    let text = format!("{}\n[budget]\napprovals = 1\n", contract(&marker))
-        .replace("[budget]\napprovals = 1\n", "")
-        .replace("[task]", "[budget]\napprovals = 1\n\n[task]");
+    let text = format!(
+        "{}\n[budget]\napprovals = 1\n",
+        common::publish_contract(&marker)
+    )
+    .replace("[budget]\napprovals = 1\n", "")
+    .replace("[task]", "[budget]\napprovals = 1\n\n[task]");
     // Two gated phases, one approval allowed.
     let text = format!(
         "{text}\n[[phase]]\nname = \"announce\"\nkind = \"command\"\napproval = true\nrun = [\"echo hi > announced.txt\"]\n"
@@ -262,7 +234,7 @@ fn the_notify_command_gets_the_request_and_its_failure_never_blocks() {
     let outside = tempfile::tempdir().unwrap();
     let marker = outside.path().join("m");
     let inbox = outside.path().join("inbox.json");
-    let text = contract(&marker).replace(
+    let text = common::publish_contract(&marker).replace(
         "[task]",
         &format!(
             "[approvals]\nnotify = \"cat > {}\"\n\n[task]",
@@ -280,7 +252,7 @@ fn the_notify_command_gets_the_request_and_its_failure_never_blocks() {
         pending(&f)[0]["payload_hash"]
     );
     // A hook that fails is recorded, and the run waits all the same.
-    let f = Fixture::new(&contract(&marker).replace(
+    let f = Fixture::new(&common::publish_contract(&marker).replace(
         "[task]",
         "[approvals]\nnotify = \"echo the chat is down >&2; exit 7\"\n\n[task]",
     ));
@@ -304,7 +276,7 @@ fn a_request_nobody_decides_in_time_ends_as_the_contract_says() {
         ("reject", "counts as rejected"),
         ("block", "a person decides"),
     ] {
-        let f = Fixture::new(&contract(&marker).replace(
+        let f = Fixture::new(&common::publish_contract(&marker).replace(
             "[task]",
             &format!("[approvals]\nexpires = \"1ms\"\non_expiry = \"{on_expiry}\"\n\n[task]"),
         ));
@@ -395,7 +367,7 @@ objective = "Ask which colour, then write it to answer.txt."
 fn a_budget_block_asks_for_a_raise_that_an_approval_grants() {
     let outside = tempfile::tempdir().unwrap();
     let marker = outside.path().join("m");
-    let text = contract(&marker)
+    let text = common::publish_contract(&marker)
         .replace("approval = true\n", "")
         .replace("[task]", "[budget]\nsteps = 1\n\n[task]");
     let f = Fixture::new(&text);
@@ -436,7 +408,7 @@ fn a_budget_block_asks_for_a_raise_that_an_approval_grants() {
 fn a_drift_block_asks_whether_to_migrate_and_an_approval_migrates() {
     let outside = tempfile::tempdir().unwrap();
     let marker = outside.path().join("m");
-    let text = contract(&marker).replace("approval = true\n", "");
+    let text = common::publish_contract(&marker).replace("approval = true\n", "");
     let f = Fixture::new(&text);
     // Killed right after the first step was verified (the second-to-last commit of step 1).
     let points = common::fault_points(&text);
@@ -495,7 +467,7 @@ fn a_drift_block_asks_whether_to_migrate_and_an_approval_migrates() {
 fn a_request_beside_a_block_is_closed_when_a_person_settles_the_block_on_the_command_line() {
     let outside = tempfile::tempdir().unwrap();
     let marker = outside.path().join("m");
-    let text = contract(&marker)
+    let text = common::publish_contract(&marker)
         .replace("approval = true\n", "")
         .replace("[task]", "[budget]\nsteps = 1\n\n[task]");
     let f = Fixture::new(&text);
@@ -546,7 +518,7 @@ fn a_request_beside_a_block_is_closed_when_a_person_settles_the_block_on_the_com
     assert_eq!(f.events(&id).len(), before);
 
     // Drift: the migration request is closed by `keel resume --migrate`.
-    let f = Fixture::new(&contract(&marker));
+    let f = Fixture::new(&common::publish_contract(&marker));
     let (id, out) = f.start(&[]);
     assert_eq!(out.status.code(), Some(3), "{}", f.explain(&out));
     let gate = pending(&f)[0].clone();

@@ -30,37 +30,6 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// A phase that waits for approval before it publishes; each publication is counted outside.
-fn gated_contract(marker: &Path) -> String {
-    format!(
-        r#"
-[task]
-goal = "The note is published."
-
-[[verify]]
-name = "published"
-tier = "acceptance"
-run = "test -f published.txt"
-
-[[phase]]
-name = "write"
-kind = "command"
-run = ["echo note > note.txt"]
-
-[[phase]]
-name = "publish"
-kind = "command"
-approval = true
-run = ["cp note.txt published.txt; echo published >> {}"]
-
-[sandbox]
-writable = ["{}"]
-"#,
-        marker.display(),
-        marker.parent().unwrap().display()
-    )
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Decision {
     Approve,
@@ -184,7 +153,7 @@ fn decisions_delivered_repeatedly_in_random_orders_count_once_and_first() {
     for trial in 0..3 {
         let outside = tempfile::tempdir().unwrap();
         let marker = outside.path().join("published");
-        let f = Fixture::new(&gated_contract(&marker));
+        let f = Fixture::new(&common::publish_contract(&marker));
         let (id, out) = f.start(&[]);
         assert_eq!(out.status.code(), Some(3), "{}", f.explain(&out));
         let hash = payload_hash(&f);
@@ -209,7 +178,7 @@ fn decisions_delivered_all_at_once_make_one_decision() {
     for trial in 0..3 {
         let outside = tempfile::tempdir().unwrap();
         let marker = outside.path().join("published");
-        let f = Fixture::new(&gated_contract(&marker));
+        let f = Fixture::new(&common::publish_contract(&marker));
         let (id, out) = f.start(&[]);
         assert_eq!(out.status.code(), Some(3), "{}", f.explain(&out));
         let hash = payload_hash(&f);

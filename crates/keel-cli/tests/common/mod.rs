@@ -240,6 +240,39 @@ pub fn outside_writable() -> String {
     )
 }
 
+/// Two command phases: one writes a note, the second waits for approval and publishes it,
+/// counting each publication in `marker` (outside the workspace, writable in the sandbox).
+pub fn publish_contract(marker: &Path) -> String {
+    format!(
+        r#"
+[task]
+goal = "The note is published."
+
+[[verify]]
+name = "published"
+tier = "acceptance"
+run = "test -f published.txt"
+
+[[phase]]
+name = "write"
+kind = "command"
+run = ["echo note > note.txt"]
+
+[[phase]]
+name = "publish"
+kind = "command"
+approval = true
+run = ["cp note.txt published.txt; echo published >> {}"]
+
+# The phase counts its executions in a marker outside the workspace.
+[sandbox]
+writable = ["{}"]
+"#,
+        marker.display(),
+        marker.parent().unwrap().display()
+    )
+}
+
 /// A small seeded generator (xorshift64*) for tests that pick offsets, orders or points at
 /// random. The seed comes from `KEEL_TEST_SEED` when set, else from the clock, and is printed
 /// so that a failure can be replayed.
