@@ -345,11 +345,12 @@ fn survey_figures(
         "median ≤ 1.5× the median fsynced SQLite commit",
         Some(ratio <= 1.5),
         "Wall time from the start of one agent step to the start of the next (the engine \
-         reports each step once its step_started is committed), over the survey run: a \
-         scripted driver (no model latency), read-only note/read/plan calls, fsync on, no \
-         command run (so no sandbox start). Each step assembles and counts a prompt of up to \
-         context_tokens, stores the request and reply, commits the events, fingerprints the \
-         workspace with git and checks the step. See step_breakdown for where it goes.",
+         reports each step once it has recorded its step_started, after the previous step's \
+         commit), over the survey run: a scripted driver (no model latency), read-only \
+         note/read/plan calls, fsync on, no command run (so no sandbox start). Each step \
+         assembles and counts a prompt of up to context_tokens and stores its request, reply \
+         and events in one commit; a step of keel's own read-only tools starts no git process. \
+         See step_breakdown for where it goes.",
     );
     f.insert("ratio_to_floor".into(), json!(round1(ratio)));
     f.insert("median_first_tenth".into(), json!(round1(early)));

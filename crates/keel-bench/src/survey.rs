@@ -45,7 +45,8 @@ pub struct Survey {
 }
 
 /// Notes the moment (and the CPU time) each agent step begins: the engine reports a step once
-/// its `step_started` is committed, so the time between two reports is one whole step.
+/// it has recorded its `step_started` (after the previous step's commit), so the time between
+/// two reports is one whole step, its commit included.
 #[derive(Default)]
 struct StepClock {
     marks: Vec<(Instant, Cpu, u64)>,
