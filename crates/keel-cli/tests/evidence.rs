@@ -85,7 +85,10 @@ fn completed_runs_have_passing_acceptance_evidence(f: &Fixture) -> usize {
 
 fn completed_runs_in_db_have_passing_acceptance_evidence(db: &rusqlite::Connection) -> usize {
     let mut stmt = db
-        .prepare("SELECT id, projection FROM runs WHERE state = 'completed'")
+        .prepare(
+            "SELECT r.id, p.body FROM runs r JOIN projections p ON p.run_id = r.id \
+                  WHERE r.state = 'completed'",
+        )
         .unwrap();
     let runs: Vec<(String, String)> = stmt
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))

@@ -639,7 +639,7 @@ fn a_damaged_run_projection_is_rebuilt_from_the_log() {
     let f = Fixture::new(CONTRACT);
     let id = killed_after_step(&f, 2);
     f.db()
-        .execute("UPDATE runs SET projection = '{' WHERE id = ?1", [&id])
+        .execute("UPDATE projections SET body = '{' WHERE run_id = ?1", [&id])
         .unwrap();
     let out = f.expect(&["verify-log", &id], 5);
     assert!(stdout(&out).contains("DAMAGED"), "{}", f.explain(&out));

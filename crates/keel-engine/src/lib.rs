@@ -533,7 +533,7 @@ fn open_environment(store: &Store, workspace: &Path) -> Result<Environment, Engi
         .unwrap_or_else(|| PathBuf::from("."));
     let probe = Git::open(workspace, &[])?;
     let excludes = keel_excludes(probe.root(), &store_dir);
-    let git = Git::open(workspace, &excludes)?;
+    let git = probe.with_excludes(&excludes)?;
     let tmp = store_dir.join("tmp");
     std::fs::create_dir_all(&tmp).map_err(|e| EngineError::io(&tmp, e))?;
     Ok(Environment::new(git, workspace.to_path_buf(), tmp))

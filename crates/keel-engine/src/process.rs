@@ -109,6 +109,7 @@ pub fn run_program(
             cmd.env_remove(name);
         }
     }
+    die_with_parent(&mut cmd);
     let (outcome, _) = spawn_and_wait(cmd, output, timeout, input)?;
     Ok(outcome)
 }
@@ -127,8 +128,10 @@ fn spawn_and_wait(
         Some(path) => Stdio::from(File::open(path)?),
         None => Stdio::null(),
     };
+    // The caller makes the command die with keel: an unconfined one through a pre-exec hook,
+    // the sandbox helper by itself after exec (so it is started with `posix_spawn`, which does
+    // not copy keel's memory map).
     cmd.stdin(stdin).stdout(out).stderr(err).process_group(0);
-    die_with_parent(&mut cmd);
     let cpu_before = cpu_ms_of_children();
     let started = Instant::now();
     let mut child = cmd.spawn()?;

@@ -65,6 +65,8 @@ pub(crate) struct Invocation<'a> {
     index_file: Option<PathBuf>,
     env: Vec<(&'static str, &'static str)>,
     stdin: Option<Vec<u8>>,
+    /// Whether git is killed when keel dies (see [`Invocation::dies_with_keel`]).
+    dies_with_keel: bool,
 }
 
 impl<'a> Invocation<'a> {
@@ -75,7 +77,19 @@ impl<'a> Invocation<'a> {
             index_file: None,
             env: Vec::new(),
             stdin: None,
+            dies_with_keel: false,
         }
+    }
+
+    /// git gets SIGTERM when keel dies (also by SIGKILL), for commands that change what the
+    /// user or a resumed keel sees (a ref, files in the working tree): a crash must not leave
+    /// one running beside the keel that resumes the run. Other commands only read, or write
+    /// objects and keel's own temporary index, and are left to finish; they are started with
+    /// `posix_spawn`, which does not copy keel's memory map as `fork` does (the pre-exec hook
+    /// that sets the signal forces a `fork`, whose cost grows with keel's memory and threads).
+    pub(crate) fn dies_with_keel(mut self) -> Self {
+        self.dies_with_keel = true;
+        self
     }
 
     pub(crate) fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
@@ -130,7 +144,9 @@ impl<'a> Invocation<'a> {
     pub(crate) fn output(&self) -> Result<Output, GitError> {
         PROCESSES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut command = Command::new("git");
-        terminate_with_parent(&mut command);
+        if self.dies_with_keel {
+            terminate_with_parent(&mut command);
+        }
         command.current_dir(self.cwd);
         for config in FORCED_CONFIG {
             command.arg("-c").arg(config);

@@ -93,15 +93,16 @@ impl Git {
                 reason: "not a directory",
             });
         }
-        let mut excludes = exclude
-            .iter()
-            .map(|path| normalize_exclude(path))
-            .collect::<Result<Vec<_>, _>>()?;
-        excludes.sort();
-        excludes.dedup();
-
-        let toplevel = Invocation::new(workdir).args(["rev-parse", "--show-toplevel"]);
-        let output = toplevel.output()?;
+        // One git process answers all three: the top of the working tree, the git directory
+        // and the index file (relative to the directory git ran in).
+        let dirs = Invocation::new(workdir).args([
+            "rev-parse",
+            "--show-toplevel",
+            "--absolute-git-dir",
+            "--git-path",
+            "index",
+        ]);
+        let output = dirs.output()?;
         let stderr = String::from_utf8_lossy(&output.stderr);
         if !output.status.success() {
             return Err(if stderr.contains("not a git repository") {
@@ -113,36 +114,48 @@ impl Git {
                     path: workdir.to_path_buf(),
                 }
             } else {
-                toplevel.failed(&output)
+                dirs.failed(&output)
             });
         }
-        let root = toplevel.text(output.stdout, "the top of the working tree")?;
+        const EXPECTED: &str = "the top of the working tree, the git directory and the index path";
+        let text = dirs.text(output.stdout, EXPECTED)?;
+        let lines: Vec<&str> = text.lines().collect();
+        let [root, git_dir, index_file] = lines[..] else {
+            // Older gits print no top (and succeed) inside the .git directory.
+            if lines.len() == 2 {
+                return Err(GitError::NoWorkTree {
+                    path: workdir.to_path_buf(),
+                });
+            }
+            return Err(dirs.unexpected(EXPECTED, text));
+        };
         if root.is_empty() {
-            // Older gits print nothing (and succeed) inside the .git directory.
             return Err(GitError::NoWorkTree {
                 path: workdir.to_path_buf(),
             });
         }
-        let root = PathBuf::from(root);
-
-        let dirs =
-            Invocation::new(&root).args(["rev-parse", "--absolute-git-dir", "--git-path", "index"]);
-        let text = dirs.text(dirs.run()?, "the git directory and the index path")?;
-        let mut lines = text.lines();
-        let (Some(git_dir), Some(index_file), None) = (lines.next(), lines.next(), lines.next())
-        else {
-            return Err(dirs.unexpected("the git directory and the index path", text));
+        let git = Git {
+            root: PathBuf::from(root),
+            git_dir: PathBuf::from(git_dir),
+            index_file: workdir.join(index_file),
+            excludes: Vec::new(),
         };
-        // --git-path prints a path relative to the directory git ran in (the root).
-        let index_file = root.join(index_file);
-        let git_dir = PathBuf::from(git_dir);
+        remove_orphaned_indexes(&git.git_dir);
+        git.with_excludes(exclude)
+    }
 
-        remove_orphaned_indexes(&git_dir);
+    /// The same repository with other excluded paths (relative to the working tree root): no
+    /// git process is started.
+    pub fn with_excludes(&self, exclude: &[String]) -> Result<Git, GitError> {
+        let mut excludes = exclude
+            .iter()
+            .map(|path| normalize_exclude(path))
+            .collect::<Result<Vec<_>, _>>()?;
+        excludes.sort();
+        excludes.dedup();
         Ok(Git {
-            root,
-            git_dir,
-            index_file,
             excludes,
+            ..self.clone()
         })
     }
 
@@ -254,6 +267,7 @@ impl Git {
         // --no-deref: if refname is a symbolic ref, replace it rather than move its target.
         self.git()
             .args(["update-ref", "--no-deref", "-m", "keel: snapshot"])
+            .dies_with_keel()
             .args([refname, commit.as_str()])
             .run()?;
         Ok(commit)
@@ -423,6 +437,7 @@ impl Git {
             self.git()
                 .index_file(&index.path)
                 .args(["checkout-index", "--force", "-z", "--stdin"])
+                .dies_with_keel()
                 .stdin(paths)
                 .run()?;
             changed.extend(to_write);

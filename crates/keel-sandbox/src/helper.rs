@@ -78,6 +78,25 @@ fn stage1() -> ! {
         Err(e) => refuse(None, &e),
     };
     let mut report = open_report(&request);
+    // Stage 1 dies with the process that started it (keel killed by SIGKILL included), and
+    // stage 2 and the command with stage 1. It sets this itself, after exec, so that keel can
+    // start it with `posix_spawn` rather than a `fork` of its whole memory map.
+    if let Err(source) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+        refuse(
+            report.as_mut(),
+            &SandboxError::Prctl {
+                what: "the parent-death signal",
+                source,
+            },
+        );
+    }
+    // The parent may have died before the line above: then nothing would kill us with it.
+    if nix::unistd::getppid().as_raw() != request.parent as i32 {
+        refuse(
+            report.as_mut(),
+            &SandboxError::BadRequest("the process that started the sandbox has exited".into()),
+        );
+    }
     match run_stage1(&request) {
         Ok(code) => std::process::exit(code),
         Err(e) => refuse(report.as_mut(), &e),

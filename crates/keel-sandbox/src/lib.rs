@@ -182,6 +182,8 @@ pub(crate) struct Request {
     pub tmp: PathBuf,
     /// The directory that holds `tmp`, the cover file and the refusal report.
     pub private: PathBuf,
+    /// The process that started the helper: stage 1 dies with it.
+    pub parent: u32,
 }
 
 impl Request {
@@ -228,6 +230,7 @@ impl Sandbox {
             policy,
             tmp: private.path().to_path_buf(),
             private: private.root().to_path_buf(),
+            parent: std::process::id(),
         };
         let json = serde_json::to_string(&request).map_err(SandboxError::Serialize)?;
         let mut cmd = Command::new(&self.helper);

@@ -381,8 +381,8 @@ impl Store {
             .map_err(sql)?;
         tx.execute(
             "INSERT INTO runs (id, contract_hash, state, reason, created_at, updated_at, last_seq, \
-             last_hash, lease_holder, lease_token, lease_until, projection) \
-             VALUES (?1, ?2, 'planned', '', ?3, ?3, 0, ?4, ?5, 1, ?6, '{}')",
+             last_hash, lease_holder, lease_token, lease_until) \
+             VALUES (?1, ?2, 'planned', '', ?3, ?3, 0, ?4, ?5, 1, ?6)",
             params![
                 run.id,
                 run.contract_hash,
@@ -681,7 +681,9 @@ impl Store {
         let (json, projection_seq, last_seq): (String, u64, u64) = self
             .conn
             .query_row(
-                "SELECT projection, projection_seq, last_seq FROM runs WHERE id = ?1",
+                // A missing projection row reads as one that does not decode: resume rebuilds it.
+                "SELECT COALESCE(p.body, ''), COALESCE(p.seq, 0), r.last_seq FROM runs r \
+                 LEFT JOIN projections p ON p.run_id = r.id WHERE r.id = ?1",
                 [id],
                 |r| Ok((text(r, 0)?, r.get(1)?, r.get(2)?)),
             )
@@ -984,7 +986,8 @@ fn write_events(
         String,
     ) = tx
         .prepare_cached(
-            "SELECT lease_token, last_seq, last_hash, projection_seq, state FROM runs WHERE id = ?1",
+            "SELECT r.lease_token, r.last_seq, r.last_hash, COALESCE(p.seq, 0), r.state \
+             FROM runs r LEFT JOIN projections p ON p.run_id = r.id WHERE r.id = ?1",
         )?
         .query_row([id], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
@@ -1098,9 +1101,7 @@ fn write_events(
     let projection = full.then(|| serde_json::to_string(run).unwrap_or_default());
     tx.prepare_cached(
         "UPDATE runs SET state = ?2, reason = ?3, phase = ?4, updated_at = ?5, last_seq = ?6, \
-         last_hash = ?7, projection = COALESCE(?8, projection), \
-         projection_seq = CASE WHEN ?8 IS NULL THEN projection_seq ELSE ?6 END, \
-         lease_until = COALESCE(?9, lease_until) WHERE id = ?1",
+         last_hash = ?7, lease_until = COALESCE(?8, lease_until) WHERE id = ?1",
     )?
     .execute(params![
         id,
@@ -1110,9 +1111,14 @@ fn write_events(
         run.updated_at_ms,
         last_seq,
         last_hash,
-        projection,
         until
     ])?;
+    if let Some(projection) = projection {
+        tx.prepare_cached(
+            "INSERT OR REPLACE INTO projections (run_id, seq, body) VALUES (?1, ?2, ?3)",
+        )?
+        .execute(params![id, last_seq, projection])?;
+    }
     {
         let mut step = tx.prepare_cached(
             "INSERT OR REPLACE INTO steps (run_id, phase, idx, command, state, attempts) \

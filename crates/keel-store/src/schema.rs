@@ -89,6 +89,16 @@ const MIGRATIONS: &[&str] = &[
     // the events after `projection_seq` onto it.
     "ALTER TABLE runs ADD COLUMN projection_seq INTEGER NOT NULL DEFAULT 0;
     UPDATE runs SET projection_seq = last_seq;",
+    // 4: the projection in a table of its own. In the `runs` row, every lease change and every
+    // commit rewrote the whole row, a long run's large projection included.
+    "CREATE TABLE projections (
+        run_id TEXT PRIMARY KEY,
+        seq INTEGER NOT NULL,
+        body TEXT NOT NULL
+    );
+    INSERT INTO projections (run_id, seq, body) SELECT id, projection_seq, projection FROM runs;
+    ALTER TABLE runs DROP COLUMN projection;
+    ALTER TABLE runs DROP COLUMN projection_seq;",
 ];
 
 pub(crate) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
@@ -115,4 +125,54 @@ pub(crate) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         .map_err(sql)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_4_moves_each_projection_into_its_own_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keel.db");
+        let conn = Connection::open(&path).unwrap();
+        for (i, migration) in MIGRATIONS.iter().take(3).enumerate() {
+            conn.execute_batch(&format!("{migration}; PRAGMA user_version = {};", i + 1))
+                .unwrap();
+        }
+        conn.execute(
+            "INSERT INTO runs (id, contract_hash, state, reason, created_at, updated_at, \
+             last_seq, last_hash, projection, projection_seq) \
+             VALUES ('r1', 'c', 'executing', '', 1, 1, 7, 'h', '{\"seq\":5}', 5)",
+            [],
+        )
+        .unwrap();
+
+        migrate(&conn, &path).unwrap();
+
+        let (body, seq): (String, u64) = conn
+            .query_row(
+                "SELECT body, seq FROM projections WHERE run_id = 'r1'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!((body.as_str(), seq), ("{\"seq\":5}", 5));
+        let columns: Vec<String> = conn
+            .prepare("SELECT name FROM pragma_table_info('runs')")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert!(columns.contains(&"last_seq".to_string()), "{columns:?}");
+        assert!(
+            !columns.iter().any(|c| c.starts_with("projection")),
+            "{columns:?}"
+        );
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, MIGRATIONS.len() as i64);
+    }
 }

@@ -345,7 +345,7 @@ fn raw_projection(dir: &std::path::Path, id: &str) -> (u64, u64) {
     let conn = rusqlite::Connection::open(dir.join(".keel/keel.db")).unwrap();
     let (json, seq): (String, u64) = conn
         .query_row(
-            "SELECT projection, projection_seq FROM runs WHERE id = ?1",
+            "SELECT body, seq FROM projections WHERE run_id = ?1",
             [id],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
