@@ -185,7 +185,7 @@ fn next_step(template: &Template, run: &Run) -> Result<Vec<Vec<EventBody>>> {
     ensure!(progress.agent, "synthetic steps belong to an agent phase");
     let id = StepId {
         phase,
-        index: progress.steps.len() as u32,
+        index: progress.step_count(),
     };
     let mut groups = template.step(run, id)?;
     let mut first = Vec::new();
@@ -197,7 +197,7 @@ fn next_step(template: &Template, run: &Run) -> Result<Vec<Vec<EventBody>>> {
             block: None,
         });
     }
-    if progress.steps.is_empty() {
+    if progress.step_count() == 0 {
         first.push(EventBody::PhaseStarted {
             phase,
             name: progress.name.clone(),

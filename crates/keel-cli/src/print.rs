@@ -66,6 +66,7 @@ pub fn run_json(run: &Run, checkpoints: usize) -> Value {
         "phases": run.phases.iter().map(|p| json!({
             "name": p.name,
             "verified": p.verified,
+            "earlier_steps": p.earlier,
             "steps": p.steps.iter().map(|s| json!({
                 "command": s.command,
                 "state": s.state.as_str(),
@@ -135,7 +136,14 @@ pub fn run_status(out: &mut dyn Write, run: &Run, checkpoints: &[CheckpointRow])
     for (i, phase) in run.phases.iter().enumerate() {
         let mark = if phase.verified { "verified" } else { "" };
         writeln!(out, "  {} {} {mark}", i + 1, phase.name)?;
-        for (j, s) in phase.steps.iter().enumerate() {
+        if phase.earlier > 0 {
+            writeln!(
+                out,
+                "    … {} earlier steps, settled (`keel log` has each)",
+                phase.earlier
+            )?;
+        }
+        for (j, s) in phase.held_steps() {
             let attempts = if s.attempts > 1 {
                 format!(" ({} attempts)", s.attempts)
             } else {

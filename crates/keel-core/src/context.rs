@@ -236,7 +236,7 @@ pub fn assemble(
     let step_no = run
         .phases
         .get(phase)
-        .map_or(0, |p| p.steps.len().max(1) as u64);
+        .map_or(0, |p| p.step_count().max(1) as u64);
     let phase_text = format!(
         "\n## Phase {}/{}: {phase_name} (step {step_no})\nObjective: {objective}\n",
         phase + 1,

@@ -146,10 +146,10 @@ pub fn check(events: &[Event]) -> Result<Audit, Vec<Violation>> {
         }
         check_limits(event, &before, &run, &mut v);
         for (p, phase) in run.phases.iter().enumerate() {
-            for (s, step) in phase.steps.iter().enumerate() {
+            for (s, step) in phase.held_steps() {
                 let id = StepId {
                     phase: p as u32,
-                    index: s as u32,
+                    index: s,
                 };
                 if step.state == StepState::Verified {
                     verified.entry(id).or_insert(event.seq);
@@ -162,9 +162,15 @@ pub fn check(events: &[Event]) -> Result<Audit, Vec<Violation>> {
     }
     let last = events.last().map_or(0, |e| e.seq);
     for (id, since) in &verified {
-        let still = run
-            .step(*id)
-            .is_some_and(|s| s.state == StepState::Verified);
+        // A step the projection let go was settled, and no event may change it after.
+        let let_go = run
+            .phases
+            .get(id.phase as usize)
+            .is_some_and(|p| id.index < p.earlier);
+        let still = let_go
+            || run
+                .step(*id)
+                .is_some_and(|s| s.state == StepState::Verified);
         let excused = invalidated.get(id).is_some_and(|at| at > since);
         if !still && !excused {
             v.push(violation(

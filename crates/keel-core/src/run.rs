@@ -27,7 +27,14 @@ pub struct StepProgress {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PhaseProgress {
     pub name: String,
+    /// The steps the projection holds: every step of a command phase; of an agent phase, the
+    /// steps from index `earlier` on.
     pub steps: Vec<StepProgress>,
+    /// An agent phase's settled steps (verified or failed) before `steps`, which the projection
+    /// no longer holds, so that it does not grow with the run (their rows are in the store's
+    /// `steps` table and their events in the log). No event may change such a step.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub earlier: u32,
     pub verified: bool,
     /// An agent phase: its steps are made as the driver decides.
     #[serde(default)]
@@ -41,6 +48,58 @@ pub struct PhaseProgress {
     /// A person approved this phase's gate.
     #[serde(default)]
     pub approved: bool,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// How many steps of an agent phase the projection holds at least before it lets settled ones
+/// go (see [`PhaseProgress::earlier`]).
+pub const KEPT_AGENT_STEPS: usize = 32;
+
+impl PhaseProgress {
+    /// Every step the phase has had, held or not.
+    pub fn step_count(&self) -> u32 {
+        self.earlier + self.steps.len() as u32
+    }
+
+    /// Step `index` of the phase, if the projection holds it.
+    pub fn step(&self, index: u32) -> Option<&StepProgress> {
+        index
+            .checked_sub(self.earlier)
+            .and_then(|i| self.steps.get(i as usize))
+    }
+
+    fn step_mut(&mut self, index: u32) -> Option<&mut StepProgress> {
+        index
+            .checked_sub(self.earlier)
+            .and_then(|i| self.steps.get_mut(i as usize))
+    }
+
+    /// The steps held, with their index in the phase.
+    pub fn held_steps(&self) -> impl Iterator<Item = (u32, &StepProgress)> {
+        (self.earlier..).zip(self.steps.iter())
+    }
+
+    /// Lets an agent phase's oldest settled steps go once it holds more than
+    /// [`KEPT_AGENT_STEPS`].
+    fn compact(&mut self) {
+        if !self.agent {
+            return;
+        }
+        let excess = self.steps.len().saturating_sub(KEPT_AGENT_STEPS);
+        let settled = self
+            .steps
+            .iter()
+            .take(excess)
+            .take_while(|s| matches!(s.state, StepState::Verified | StepState::Failed))
+            .count();
+        if settled > 0 {
+            self.steps.drain(..settled);
+            self.earlier += settled as u32;
+        }
+    }
 }
 
 /// A question the driver asked, and the answer once given.
@@ -296,6 +355,7 @@ impl Run {
                             output: None,
                         })
                         .collect(),
+                    earlier: 0,
                     verified: false,
                     agent: p.agent,
                     finish_claimed: false,
@@ -340,7 +400,7 @@ impl Run {
     pub fn step(&self, id: StepId) -> Option<&StepProgress> {
         self.phases
             .get(id.phase as usize)
-            .and_then(|p| p.steps.get(id.index as usize))
+            .and_then(|p| p.step(id.index))
     }
 
     fn step_mut(
@@ -350,7 +410,7 @@ impl Run {
     ) -> Result<&mut StepProgress, ApplyError> {
         self.phases
             .get_mut(id.phase as usize)
-            .and_then(|p| p.steps.get_mut(id.index as usize))
+            .and_then(|p| p.step_mut(id.index))
             .ok_or(ApplyError::UnknownStep { event, step: id })
     }
 
@@ -445,6 +505,12 @@ impl Run {
         }
     }
 
+    fn compact_phase(&mut self, phase: u32) {
+        if let Some(p) = self.phases.get_mut(phase as usize) {
+            p.compact();
+        }
+    }
+
     fn set_step(
         &mut self,
         event: &'static str,
@@ -535,7 +601,7 @@ impl Run {
                         "step {step}: agent steps belong to agent phases, and only they"
                     )));
                 }
-                if *agent && step.index as usize == phase.steps.len() {
+                if *agent && step.index == phase.step_count() {
                     // Agent phases grow a step at a time, as the driver decides.
                     phase.steps.push(StepProgress {
                         command: command.clone(),
@@ -983,6 +1049,7 @@ impl Run {
                 self.set_step("step_verified", *step, StepState::Verified)?;
                 self.fingerprint = post;
                 self.in_progress = None;
+                self.compact_phase(step.phase);
             }
             EventBody::StepFailed {
                 step,
@@ -1000,11 +1067,13 @@ impl Run {
                 } else {
                     self.roll_back();
                 }
+                self.compact_phase(step.phase);
             }
             EventBody::StepRolledBack { step, .. } => {
                 self.expect_in_progress("step_rolled_back", *step)?;
                 self.set_step("step_rolled_back", *step, StepState::Failed)?;
                 self.roll_back();
+                self.compact_phase(step.phase);
             }
             EventBody::StepInvalidated { step, .. } => {
                 self.set_step("step_invalidated", *step, StepState::Invalidated)?;
@@ -1217,6 +1286,8 @@ impl Run {
         let mut out: Vec<String> = self
             .phases
             .iter()
+            // Of the steps held: a settled step the projection let go is named by its
+            // `step_finished` event.
             .flat_map(|p| p.steps.iter().filter_map(|s| s.output.clone()))
             .chain(self.evidence.values().map(|e| e.output.clone()))
             .collect();
@@ -1284,6 +1355,7 @@ impl Run {
         if let Some(phase) = self.phases.get(self.cursor as usize)
             && phase.gated
             && !phase.approved
+            && phase.earlier == 0
             && phase.steps.iter().all(|s| s.attempts == 0)
         {
             return Next::RequestApproval(self.cursor);
@@ -1296,7 +1368,7 @@ impl Run {
                 (false, true) => Next::VerifyPhase(self.cursor),
                 (false, false) => Next::Step(StepId {
                     phase: self.cursor,
-                    index: phase.steps.len() as u32,
+                    index: phase.step_count(),
                 }),
             };
         }

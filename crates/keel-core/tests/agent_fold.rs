@@ -10,7 +10,7 @@ use keel_core::context::{Estimate, assemble};
 use keel_core::contract::Contract;
 use keel_core::event::{Decision, Event, EventBody, PhaseOutline, StepId};
 use keel_core::fingerprint::Fingerprint;
-use keel_core::run::{KEPT_OBSERVATIONS, Next, Run};
+use keel_core::run::{KEPT_AGENT_STEPS, KEPT_OBSERVATIONS, Next, Run};
 use keel_core::state::RunState;
 use keel_core::tools;
 
@@ -481,4 +481,58 @@ fn a_limit_too_small_for_the_essentials_is_an_error_that_says_so() {
     let log = Log::new();
     let err = assemble(&contract, &log.run, 0, "o", &specs, &Estimate, 100).unwrap_err();
     assert!(err.to_string().contains("raise context_tokens"), "{err}");
+}
+
+#[test]
+fn a_long_agent_phase_keeps_a_bounded_projection_and_counts_every_step() {
+    let mut log = Log::new();
+    log.run.limits.set(BudgetName::Tokens, 1_000_000);
+    let mut sizes = Vec::new();
+    for i in 0..300u32 {
+        let id = log.step("wrote", &format!("s{i}"), 1);
+        assert_eq!(id.index, i, "every step gets the next index");
+        if i == 99 || i == 299 {
+            sizes.push(serde_json::to_string(&log.run).unwrap().len());
+        }
+    }
+    let phase = &log.run.phases[0];
+    assert_eq!(phase.step_count(), 300);
+    assert_eq!(phase.steps.len(), KEPT_AGENT_STEPS);
+    assert_eq!(phase.earlier, 300 - KEPT_AGENT_STEPS as u32);
+    assert_eq!(
+        log.run.next(),
+        Next::Step(StepId {
+            phase: 0,
+            index: 300
+        })
+    );
+    // The steps held are the newest, each found by its index in the phase; older ones are not.
+    assert!(
+        log.run
+            .step(StepId {
+                phase: 0,
+                index: 299
+            })
+            .is_some()
+    );
+    assert!(log.run.step(StepId { phase: 0, index: 0 }).is_none());
+    let held: Vec<u32> = phase.held_steps().map(|(i, _)| i).collect();
+    assert_eq!(held.first(), Some(&(300 - KEPT_AGENT_STEPS as u32)));
+    assert_eq!(held.last(), Some(&299));
+    assert_eq!(log.run.used(BudgetName::Steps), 300);
+    // The projection does not grow with the steps.
+    assert!(
+        sizes[1] <= sizes[0] + 200,
+        "projection at step 100: {} bytes, at step 300: {} bytes",
+        sizes[0],
+        sizes[1]
+    );
+    // An event about a step the projection let go is refused, not applied somewhere else.
+    assert!(!log.try_push(EventBody::StepInvalidated {
+        step: StepId { phase: 0, index: 3 },
+        reason: "x".into(),
+    }));
+    // A fold from a serialized copy continues the same way.
+    let copy: Run = serde_json::from_str(&serde_json::to_string(&log.run).unwrap()).unwrap();
+    assert_eq!(copy, log.run);
 }

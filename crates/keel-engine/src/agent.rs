@@ -116,7 +116,7 @@ impl Engine<'_> {
                 ));
             }
             let phase = &self.run.phases[id.phase as usize];
-            if phase.steps.is_empty() {
+            if phase.step_count() == 0 {
                 let name = phase.name.clone();
                 self.observer.progress(
                     &self.run,

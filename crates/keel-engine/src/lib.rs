@@ -1026,6 +1026,8 @@ pub fn verify_log(store: &Store, run_id: &str) -> Result<LogReport, EngineError>
     let mut prev = keel_core::event::GENESIS_HASH.to_string();
     let mut run: Option<Run> = None;
     let mut checkpoint_hashes = std::collections::BTreeMap::new();
+    // Every step's output, also of the settled steps a long run's projection let go.
+    let mut step_outputs = std::collections::BTreeSet::new();
     store.for_each_event(&id, 1, |e| {
         if problems.is_empty() {
             // The anchor of the first event is (0, the genesis hash): the same check as `None`.
@@ -1035,8 +1037,14 @@ pub fn verify_log(store: &Store, run_id: &str) -> Result<LogReport, EngineError>
                 Err(p) => problems.push(p.to_string()),
                 Ok(()) => match e.decode() {
                     Ok(event) => {
-                        if let EventBody::CheckpointTaken { n, hash, .. } = &event.body {
-                            checkpoint_hashes.insert(*n, hash.clone());
+                        match &event.body {
+                            EventBody::CheckpointTaken { n, hash, .. } => {
+                                checkpoint_hashes.insert(*n, hash.clone());
+                            }
+                            EventBody::StepFinished { output, .. } => {
+                                step_outputs.insert(output.clone());
+                            }
+                            _ => {}
                         }
                         let folded = match run.as_mut() {
                             None => Run::create(&event).map(|r| run = Some(r)),
@@ -1062,7 +1070,7 @@ pub fn verify_log(store: &Store, run_id: &str) -> Result<LogReport, EngineError>
         ));
     }
     let rows = store.checkpoints(&id)?;
-    let mut artifacts = std::collections::BTreeSet::new();
+    let mut artifacts = step_outputs;
     for row in &rows {
         let body_hash = blake3::hash(row.body.as_bytes()).to_hex().to_string();
         match checkpoint_hashes.get(&row.n) {
@@ -1280,10 +1288,10 @@ impl Engine<'_> {
             .run
             .phases
             .get(self.run.cursor as usize)
-            .filter(|p| p.agent && !p.steps.is_empty())
+            .filter(|p| p.agent && p.step_count() > 0)
             .map(|p| StepId {
                 phase: self.run.cursor,
-                index: p.steps.len() as u32 - 1,
+                index: p.step_count() - 1,
             });
         match last_agent_step {
             Some(step) if retrying => {
@@ -1354,7 +1362,7 @@ impl Engine<'_> {
             .run
             .phases
             .get(id.phase as usize)
-            .is_some_and(|p| p.steps.iter().all(|s| s.attempts == 0));
+            .is_some_and(|p| p.earlier == 0 && p.steps.iter().all(|s| s.attempts == 0));
         if phase_fresh {
             self.observer.progress(
                 &self.run,

@@ -122,6 +122,8 @@ pub struct PhaseView {
     pub agent: bool,
     pub gated: bool,
     pub approved: bool,
+    /// Settled steps before `steps` that the projection no longer holds.
+    pub earlier_steps: u32,
     pub steps: Vec<StepView>,
 }
 
@@ -157,6 +159,7 @@ impl RunDetail {
                     agent: p.agent,
                     gated: p.gated,
                     approved: p.approved,
+                    earlier_steps: p.earlier,
                     steps: p
                         .steps
                         .iter()

@@ -896,15 +896,25 @@ fn text(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<String> {
 /// Commits a transaction that appends events or rewrites a projection. This is where
 /// `KEEL_STORE_FAULT` makes a commit fail, or succeed and report a failure (see `fault.rs`).
 /// The `steps` and `budgets` rows stored for a run.
-fn stored_rows(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<Rows, rusqlite::Error> {
+/// The stored rows of the steps `run` holds (not those of settled steps its projection let go,
+/// which no commit changes), and of its budgets.
+fn stored_rows(
+    tx: &rusqlite::Transaction<'_>,
+    id: &str,
+    run: &Run,
+) -> Result<Rows, rusqlite::Error> {
     let mut rows = Rows::default();
-    let mut steps =
-        tx.prepare_cached("SELECT phase, idx, state, attempts FROM steps WHERE run_id = ?1")?;
-    for row in steps.query_map([id], |r| {
-        Ok(((r.get(0)?, r.get(1)?), (r.get(2)?, r.get(3)?)))
-    })? {
-        let (key, value) = row?;
-        rows.steps.insert(key, value);
+    let mut steps = tx.prepare_cached(
+        "SELECT phase, idx, state, attempts FROM steps WHERE run_id = ?1 AND phase = ?2 \
+         AND idx >= ?3",
+    )?;
+    for (p, phase) in run.phases.iter().enumerate() {
+        for row in steps.query_map(params![id, p, phase.earlier], |r| {
+            Ok(((r.get(0)?, r.get(1)?), (r.get(2)?, r.get(3)?)))
+        })? {
+            let (key, value) = row?;
+            rows.steps.insert(key, value);
+        }
     }
     let mut budgets = tx.prepare_cached("SELECT name, used, lim FROM budgets WHERE run_id = ?1")?;
     for row in budgets.query_map([id], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?))))? {
@@ -1126,17 +1136,26 @@ fn write_events(
         )?;
         let mut rows = match std::mem::replace(written, Written::Rewrite) {
             Written::Known(rows) => rows,
-            Written::Unknown => stored_rows(tx, id)?,
+            Written::Unknown => stored_rows(tx, id, run)?,
             Written::Rewrite => Rows::default(),
         };
         for (p, phase) in run.phases.iter().enumerate() {
-            for (i, s) in phase.steps.iter().enumerate() {
+            for (i, s) in phase.held_steps() {
+                let i = i as usize;
                 let now = (s.state.as_str(), s.attempts);
                 if rows.steps.get(&(p, i)).map(|(st, a)| (st.as_str(), *a)) != Some(now) {
                     step.execute(params![id, p, i, s.command, now.0, now.1])?;
                     rows.steps.insert((p, i), (now.0.to_string(), now.1));
                 }
             }
+        }
+        // The rows of steps the projection let go are final: they are not remembered.
+        if run.phases.iter().any(|p| p.earlier > 0) {
+            rows.steps.retain(|(p, i), _| {
+                run.phases
+                    .get(*p)
+                    .is_some_and(|phase| *i >= phase.earlier as usize)
+            });
         }
         let mut budget = tx.prepare_cached(
             "INSERT OR REPLACE INTO budgets (run_id, name, used, lim) VALUES (?1, ?2, ?3, ?4)",

@@ -700,6 +700,7 @@
               ? el(
                   "ul",
                   { class: "steps" },
+                  p.earlier_steps ? el("li", { class: "meta", text: `… ${p.earlier_steps} earlier steps, settled` }) : null,
                   p.steps.map((s) => el("li", { title: s.command }, el("span", { class: s.state === "verified" ? "mark ok" : s.state === "failed" ? "mark no" : "mark", text: s.state === "verified" ? "✓" : s.state === "failed" ? "✗" : s.state === "in_progress" ? "▸" : "·" }), s.command)),
                 )
               : null,
