@@ -988,20 +988,15 @@ fn write_events(
     written: &mut Written,
 ) -> Result<(), TxError> {
     let id = &lease.run_id;
-    let (token, mut last_seq, mut last_hash, projection_seq, stored_state): (
-        u64,
-        u64,
-        String,
-        u64,
-        String,
-    ) = tx
-        .prepare_cached(
-            "SELECT r.lease_token, r.last_seq, r.last_hash, COALESCE(p.seq, 0), r.state \
-             FROM runs r LEFT JOIN projections p ON p.run_id = r.id WHERE r.id = ?1",
-        )?
-        .query_row([id], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-        })?;
+    let (token, mut last_seq, mut last_hash, stored_state): (u64, u64, String, String) = tx
+        .prepare_cached("SELECT lease_token, last_seq, last_hash, state FROM runs WHERE id = ?1")?
+        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+    // Two plain lookups: a join of the two tables was prepared again on every commit.
+    let projection_seq: u64 = tx
+        .prepare_cached("SELECT seq FROM projections WHERE run_id = ?1")?
+        .query_row([id], |r| r.get(0))
+        .optional()?
+        .unwrap_or(0);
     if token != lease.token {
         return Err(TxError::Store(StoreError::LeaseLost {
             run: id.clone(),
