@@ -131,8 +131,8 @@ impl Breakdown {
         // One git process costs about what one `git rev-parse HEAD` does.
         let git_us = git_per_step * median(&self.head_us);
         let mid_steps = steps / 2.0;
-        // The commit cost grows with the run (see commit_us_late); a step of the survey run is on
-        // average half way through it.
+        // Should the commit cost grow with the run (commit_us_late against _early), a step of the
+        // survey run is on average half way through it.
         let commit_mid = median(&self.commit_early_us)
             + (median(&self.commit_late_us) - median(&self.commit_early_us)) * mid_steps
                 / self.late_steps as f64;
@@ -170,11 +170,11 @@ impl Breakdown {
                      table in the same transaction, larger ones into fsynced files. Each part \
                      is then timed alone on the survey's workspace and store. \
                      store_commit_us_early and _late time one synthetic step's commit on a \
-                     short run and on one with late_run_steps steps: every commit still \
-                     rewrites the whole projection (which lists every step), so it grows with \
-                     the run. `rest` is what the parts do not explain: prompt assembly and \
-                     token counting, JSON, the copy of the run kept while a step's events are \
-                     staged, the policy check and the tool."
+                     short run and on one with late_run_steps steps: a commit writes the \
+                     step's events, blobs and changed rows, and the projection (which holds \
+                     an agent phase's newest 32 steps) only now and then, so the two should \
+                     be close. `rest` is what the parts do not explain: prompt assembly and \
+                     token counting, JSON, hashing, the policy check and the tool."
         })
     }
 }
