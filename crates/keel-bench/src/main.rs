@@ -78,7 +78,7 @@ fn options() -> Result<Options> {
             vec![100, 10_000, 100_000]
         },
         writers: if quick { vec![8] } else { vec![8, 32] },
-        writer_steps: if quick { 5 } else { 10 },
+        writer_steps: if quick { 5 } else { 50 },
         floor_commits: if quick { 200 } else { 1000 },
         only: SECTIONS.iter().map(|s| s.to_string()).collect(),
     };

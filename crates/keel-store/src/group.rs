@@ -33,7 +33,9 @@ use keel_core::event::Event;
 use keel_core::run::Run;
 use rusqlite::TransactionBehavior;
 
-use crate::{Lease, Store, StoreError, write_events};
+use std::collections::HashMap;
+
+use crate::{Lease, Rows, Store, StoreError, Written, write_events};
 
 /// How a [`GroupCommitter`] forms its batches.
 #[derive(Debug, Clone)]
@@ -253,6 +255,9 @@ fn committer(
     counters: &Counters,
 ) -> Store {
     let max_batch = options.max_batch.max(1);
+    // The rows each run's last committed write left, under the lease token it was made with: a
+    // commit under the same token writes only the rows that changed (as `Store::commit` does).
+    let mut rows: HashMap<String, (u64, Rows)> = HashMap::new();
     loop {
         let first = match receiver.recv() {
             Ok(Message::Commit(request)) => request,
@@ -278,7 +283,7 @@ fn committer(
             }
         }
         let size = batch.len();
-        let results = match write_batch(&mut store, &batch) {
+        let results = match write_batch(&mut store, &batch, &mut rows) {
             Ok(results) => results,
             Err(source) => {
                 let message = source.to_string();
@@ -313,6 +318,7 @@ fn committer(
 fn write_batch(
     store: &mut Store,
     batch: &[Box<Request>],
+    rows: &mut HashMap<String, (u64, Rows)>,
 ) -> Result<Vec<Result<(), GroupError>>, rusqlite::Error> {
     let path = store.path.clone();
     let writer = std::sync::Arc::clone(&store.writer);
@@ -323,8 +329,19 @@ fn write_batch(
         .conn
         .transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut results = Vec::with_capacity(batch.len());
+    // What this batch wrote, remembered only once it is durable.
+    let mut written_now: HashMap<String, (u64, Rows)> = HashMap::new();
     for r in batch {
         tx.execute_batch("SAVEPOINT keel_group")?;
+        let id = &r.lease.run_id;
+        let known = written_now
+            .remove(id)
+            .or_else(|| rows.remove(id))
+            .filter(|(token, _)| *token == r.lease.token);
+        let mut written = match known {
+            Some((_, known)) => Written::Known(known),
+            None => Written::Unknown,
+        };
         match write_events(
             &tx,
             &r.lease,
@@ -332,10 +349,13 @@ fn write_batch(
             &r.run,
             r.checkpoint.as_ref(),
             r.lease_until_ms,
-            &mut crate::Written::Rewrite,
+            &mut written,
         ) {
             Ok(()) => {
                 tx.execute_batch("RELEASE keel_group")?;
+                if let Written::Known(after) = written {
+                    written_now.insert(id.clone(), (r.lease.token, after));
+                }
                 results.push(Ok(()));
             }
             Err(e) => {
@@ -346,5 +366,6 @@ fn write_batch(
     }
     // Through `finish`, so that `KEEL_STORE_FAULT` reaches a group commit as it does any other.
     crate::finish(tx)?;
+    rows.extend(written_now);
     Ok(results)
 }

@@ -285,3 +285,86 @@ fn a_commit_after_stop_is_reported_not_lost() {
     assert!(matches!(err, GroupError::Stopped { .. }), "{err}");
     assert_eq!(store.log_head("a").unwrap().0, 1);
 }
+
+/// The group remembers the rows it wrote, as `Store::commit` does, and writes only those that
+/// changed: the stored rows still follow every commit, after a refused one, and after another
+/// connection took the lease and wrote.
+#[test]
+fn rows_written_through_the_group_follow_every_commit() {
+    use keel_core::budget::BudgetName;
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    let mut store = Store::open(&path).unwrap();
+    let (e, run) = created("r");
+    let lease = store.create_run(&e, &run, "me", 0, 60_000).unwrap();
+    let raise = |run: &Run, to: u64| -> (Vec<Event>, Run) {
+        let mut r = run.clone();
+        let e = Event {
+            run_id: r.id.clone(),
+            seq: r.seq + 1,
+            at_ms: 3000 + r.seq as i64,
+            body: EventBody::BudgetRaised {
+                budget: BudgetName::Steps,
+                from: r.limits.get(BudgetName::Steps),
+                to,
+                reason: "more".into(),
+                by: "person".into(),
+            },
+        };
+        r.apply(&e).unwrap();
+        (vec![e], r)
+    };
+    let stored_limit = |path: &std::path::Path| -> Option<u64> {
+        let conn = rusqlite::Connection::open(path).unwrap();
+        conn.query_row(
+            "SELECT lim FROM budgets WHERE run_id = 'r' AND name = 'steps'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    let group = GroupCommitter::start(store, batches_of(1)).unwrap();
+    let mut run = run;
+    for to in [10, 20, 30] {
+        let (events, after) = raise(&run, to);
+        group
+            .handle()
+            .commit(&lease, &events, &after, None, 0)
+            .unwrap();
+        run = after;
+        assert_eq!(stored_limit(&path), Some(to));
+    }
+    // A stale commit (an old projection) is refused and changes nothing remembered.
+    let (events, _) = raise(&created("r").1, 99);
+    assert!(
+        group
+            .handle()
+            .commit(&lease, &events, &run, None, 0)
+            .is_err()
+    );
+    let (events, after) = raise(&run, 40);
+    group
+        .handle()
+        .commit(&lease, &events, &after, None, 0)
+        .unwrap();
+    run = after;
+    assert_eq!(stored_limit(&path), Some(40));
+    let store = group.stop().unwrap();
+
+    // Another connection takes the lease and writes; the group, started again, sees a new token.
+    let mut other = Store::open(&path).unwrap();
+    let lease2 = other
+        .acquire("r", "someone", 0, 60_000, true, &|_| false)
+        .unwrap();
+    let (events, after) = raise(&run, 50);
+    other.commit(&lease2, &events, &after, None, 0).unwrap();
+    run = after;
+    let group = GroupCommitter::start(store, batches_of(1)).unwrap();
+    let (events, after) = raise(&run, 60);
+    group
+        .handle()
+        .commit(&lease2, &events, &after, None, 0)
+        .unwrap();
+    assert_eq!(stored_limit(&path), Some(60));
+    group.stop().unwrap();
+}
