@@ -37,8 +37,9 @@ impl Environment {
     }
 
     pub fn fingerprint(&mut self, contract: &Contract) -> Result<Fingerprint, EngineError> {
-        let tree = self.git.worktree_tree()?;
-        self.fingerprint_with_tree(contract, tree)
+        // HEAD as the tree was built on it: one git process fewer than asking again.
+        let (tree, head) = self.git.worktree_tree_and_head()?;
+        self.fingerprint_of(contract, tree, head)
     }
 
     /// [`Environment::fingerprint`] with the working tree's id the caller has just computed
@@ -47,6 +48,16 @@ impl Environment {
         &mut self,
         contract: &Contract,
         tree: String,
+    ) -> Result<Fingerprint, EngineError> {
+        let head = self.git.head()?;
+        self.fingerprint_of(contract, tree, head)
+    }
+
+    fn fingerprint_of(
+        &mut self,
+        contract: &Contract,
+        tree: String,
+        head: Option<String>,
     ) -> Result<Fingerprint, EngineError> {
         let git_version = match &self.git_version {
             Some(v) => v.clone(),
@@ -72,7 +83,7 @@ impl Environment {
             commands.insert(command.clone(), self.command_fact(command)?);
         }
         Ok(Fingerprint {
-            head: self.git.head()?,
+            head,
             branch: self.git.branch()?,
             tree,
             lockfiles,

@@ -73,6 +73,13 @@ pub struct Change {
     pub path: String,
 }
 
+/// What `ls-files -v` said of a temporary index.
+#[derive(Default)]
+struct Listing {
+    flagged: bool,
+    excluded: bool,
+}
+
 /// File mode of a submodule entry (a commit inside a tree).
 const GITLINK_MODE: &str = "160000";
 
@@ -200,9 +207,17 @@ impl Git {
     /// ones, minus the excluded paths. Built in a temporary index file; the user's index is
     /// only read (to reuse its stat data, so unchanged files are not hashed again).
     pub fn worktree_tree(&self) -> Result<String, GitError> {
+        Ok(self.worktree_tree_and_head()?.0)
+    }
+
+    /// [`Git::worktree_tree`] and the commit HEAD pointed at when the tree was built on it
+    /// (what [`Git::head`] would say), from the same git processes.
+    pub fn worktree_tree_and_head(&self) -> Result<(String, Option<String>), GitError> {
         let index = TempIndex::new(&self.git_dir);
-        self.read_head_into(&index)?;
-        self.remove_excluded(&index)?;
+        let (head, excluded_present) = self.read_head_into(&index)?;
+        if excluded_present {
+            self.remove_excluded(&index)?;
+        }
         let mut add = self
             .git()
             .index_file(&index.path)
@@ -213,7 +228,7 @@ impl Git {
             add = add.arg(format!(":(exclude,top,literal){exclude}"));
         }
         add.run()?;
-        self.write_tree(&index)
+        Ok((self.write_tree(&index)?, head))
     }
 
     /// Creates a commit of `tree` (with parent `parent` if given) with `message`, and points
@@ -478,16 +493,17 @@ impl Git {
         }
     }
 
-    /// Fills `index` with HEAD's tree (nothing when HEAD is unborn).
+    /// Fills `index` with HEAD's tree (nothing when HEAD is unborn). Returns HEAD, and whether
+    /// the index may hold an excluded path (when it is not known, it may).
     ///
     /// Fast path: start from a copy of the user's index and merge HEAD into it with
     /// `read-tree -m`, which keeps the stat data of entries whose content matches HEAD, so
     /// `git add` does not hash unchanged files again. That copy would also carry
     /// assume-unchanged and skip-worktree bits, which make `git add` blind to changes on disk;
     /// if any entry has one (or the merge fails), start again from HEAD's tree alone.
-    fn read_head_into(&self, index: &TempIndex) -> Result<(), GitError> {
+    fn read_head_into(&self, index: &TempIndex) -> Result<(Option<String>, bool), GitError> {
         let Some(head) = self.head()? else {
-            return Ok(());
+            return Ok((None, false));
         };
         if index.copy_from(&self.index_file)? {
             let merge = self
@@ -495,8 +511,11 @@ impl Git {
                 .index_file(&index.path)
                 .args(["read-tree", "-m", head.as_str()])
                 .output()?;
-            if merge.status.success() && !self.has_flagged_entries(index)? {
-                return Ok(());
+            if merge.status.success() {
+                let listing = self.listing(index)?;
+                if !listing.flagged {
+                    return Ok((Some(head), listing.excluded));
+                }
             }
             index.remove()?;
         }
@@ -504,21 +523,29 @@ impl Git {
             .index_file(&index.path)
             .args(["read-tree", head.as_str()])
             .run()?;
-        Ok(())
+        Ok((Some(head), !self.excludes.is_empty()))
     }
 
-    /// Whether any entry of `index` is marked assume-unchanged or skip-worktree.
-    fn has_flagged_entries(&self, index: &TempIndex) -> Result<bool, GitError> {
+    /// What the entries of `index` say: whether any is marked assume-unchanged or
+    /// skip-worktree, and whether any is an excluded path or under one.
+    fn listing(&self, index: &TempIndex) -> Result<Listing, GitError> {
         let listing = self
             .git()
             .index_file(&index.path)
             .args(["ls-files", "-v", "-z"])
             .run()?;
+        let mut out = Listing::default();
         // Each entry is "<tag> <path>\0": a lowercase tag is assume-unchanged, S skip-worktree.
-        Ok(listing
-            .split(|byte| *byte == 0)
-            .filter_map(|entry| entry.first())
-            .any(|tag| tag.is_ascii_lowercase() || *tag == b'S'))
+        for entry in listing.split(|byte| *byte == 0).filter(|e| !e.is_empty()) {
+            let tag = entry[0];
+            out.flagged |= tag.is_ascii_lowercase() || tag == b'S';
+            let path = entry.get(2..).unwrap_or_default();
+            out.excluded |= self.excludes.iter().any(|e| {
+                let e = e.as_bytes();
+                path == e || (path.starts_with(e) && path.get(e.len()) == Some(&b'/'))
+            });
+        }
+        Ok(out)
     }
 
     /// The excluded paths that .gitignore (or another ignore source) does not already ignore.

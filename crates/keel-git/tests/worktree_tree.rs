@@ -82,6 +82,19 @@ fn an_excluded_path_committed_to_head_is_left_out_of_the_tree() {
 }
 
 #[test]
+fn an_excluded_path_staged_in_the_users_index_or_nested_is_left_out_of_the_tree() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n"), ("var/state/kept", "committed\n")]);
+    repo.write(".keel/staged", "staged\n");
+    repo.git(&["add", "-f", ".keel/staged"]);
+    let git = repo.open(&[".keel", "var/state"]);
+    let tree = git.worktree_tree().unwrap();
+    assert_eq!(repo.ls_tree(&tree), ["100644 a.txt"]);
+    let (again, head) = git.worktree_tree_and_head().unwrap();
+    assert_eq!(again, tree);
+    assert_eq!(head, git.head().unwrap());
+}
+
+#[test]
 fn the_users_index_and_status_are_left_byte_identical() {
     let repo = Repo::with_commit(&[("a.txt", "a\n"), ("b.txt", "b\n"), ("c.txt", "c\n")]);
     // Staged, unstaged, deleted and untracked changes, so the index differs from HEAD and from
