@@ -223,7 +223,7 @@ pub(crate) enum Written {
     Known(Rows),
 }
 
-/// Events a projection may trail its log by, beyond one per step of the run.
+/// Events a projection may trail its log by, beyond one per two steps it holds.
 const PROJECTION_TAIL: u64 = 64;
 
 /// Artifacts up to this size live in the store's `blobs` table, written in the transaction of
@@ -1094,10 +1094,11 @@ fn write_events(
     let phase = run.phases.get(run.cursor as usize).map(|p| p.name.clone());
     let until: Option<i64> = (lease_until_ms > 0).then_some(lease_until_ms);
     // The whole projection is rewritten when asked, with a checkpoint, when the state changes,
-    // and once the events after it are more than a bound that grows with the run (so a read
-    // folds a tail worth about as much as the projection, and a long run does not rewrite its
-    // large projection on every commit); otherwise `Store::run` folds the events after
-    // `projection_seq`.
+    // and once the events after it are more than a bound that grows with the steps it holds (so
+    // a read folds a tail worth about as much as the projection, and a commit does not rewrite
+    // the projection every time); otherwise `Store::run` folds the events after
+    // `projection_seq`. The projection holds a bounded number of an agent phase's steps, so the
+    // bound is bounded too.
     let steps: usize = run.phases.iter().map(|p| p.steps.len()).sum();
     let full = matches!(written, Written::Rewrite)
         || checkpoint.is_some()
