@@ -15,7 +15,7 @@
 //!   50 ms, through keel's real OpenAI-compatible driver.
 //!
 //! Usage: `cargo run --release -p keel-bench -- [--json] [--quick] [--steps N]
-//! [--context-tokens N] [--runs N] [--pool N] [--only a,b,…]`.
+//! [--context-tokens N] [--runs N] [--pool N] [--only a,b,…] [--keep]`.
 
 mod breakdown;
 mod concurrent;
@@ -48,6 +48,8 @@ const SECTIONS: [&str; 6] = [
 
 struct Options {
     json: bool,
+    /// Keep the survey run's workspace and store.
+    keep: bool,
     quick: bool,
     steps: usize,
     context_tokens: u64,
@@ -66,6 +68,7 @@ fn options() -> Result<Options> {
     let quick = args.iter().any(|a| a == "--quick");
     let mut o = Options {
         json: false,
+        keep: false,
         quick,
         steps: if quick { 100 } else { 500 },
         context_tokens: 4000,
@@ -93,6 +96,7 @@ fn options() -> Result<Options> {
         };
         match arg.as_str() {
             "--json" => o.json = true,
+            "--keep" => o.keep = true,
             "--quick" => {}
             "--steps" => o.steps = usize::try_from(number("--steps", value("--steps")?)?)?,
             "--context-tokens" => {
@@ -124,10 +128,13 @@ fn options() -> Result<Options> {
                 println!(
                     "keel-bench [--json] [--quick] [--steps N (default 500, at least 20)] \
                      [--context-tokens N (default 4000)] [--runs N (default 1000)] \
-                     [--pool N (default 64)] [--resume-sizes A,B,… (default 100,10000,100000)] [--only {}]\n\
+                     [--pool N (default 64)] [--resume-sizes A,B,… (default 100,10000,100000)] [--only {}] \
+                     [--keep]\n\
                      Measures keel's per-step cost against the fsync floor, resume time against \
                      log length, prompt size over a long run, group commit, and many runs \
-                     against a 50 ms model. --quick uses small sizes for a smoke run.",
+                     against a 50 ms model. --quick uses small sizes for a smoke run; --keep keeps the \
+                     survey run's workspace and store (its path is in the report as \
+                     `kept_survey`).",
                     SECTIONS.join(",")
                 );
                 std::process::exit(0);
@@ -164,7 +171,13 @@ fn main() -> Result<()> {
     let mut survey = None;
     let mut template = None;
     if on("survey") || on("events") || on("resume") {
-        let s = survey::run(&base, o.steps, o.context_tokens)?;
+        let s = survey::run(&base, o.steps, o.context_tokens, o.keep)?;
+        if o.keep {
+            report.insert(
+                "kept_survey".into(),
+                json!(s.workspace.display().to_string()),
+            );
+        }
         let t = synth::Template::from_log(&s.events, s.steps / 2)?;
         let (again, cpu) =
             floor::sqlite_commits(&floor_dir.path().join("again"), o.floor_commits / 2)?;
@@ -293,7 +306,7 @@ fn main() -> Result<()> {
     if on("uncapped")
         && let Some(s) = &survey
     {
-        let uncapped = survey::run(&base, s.steps, UNCAPPED_CONTEXT_TOKENS)?;
+        let uncapped = survey::run(&base, s.steps, UNCAPPED_CONTEXT_TOKENS, false)?;
         report.insert("prompt_tokens_uncapped".into(), uncapped.prompt_figures());
     }
 

@@ -61,8 +61,13 @@ impl Observer for StepClock {
     }
 }
 
-pub fn run(base: &Path, steps: usize, context_tokens: u64) -> Result<Survey> {
-    let dir = tempfile::tempdir_in(base).context("creating a temporary directory")?;
+/// Runs the survey in a new directory under `base`; with `keep`, the directory (workspace and
+/// store) stays after the program ends, for a look at what a step wrote.
+pub fn run(base: &Path, steps: usize, context_tokens: u64, keep: bool) -> Result<Survey> {
+    let dir = tempfile::Builder::new()
+        .disable_cleanup(keep)
+        .tempdir_in(base)
+        .context("creating a temporary directory")?;
     let ws = dir.path().join("ws");
     util::workspace(&ws)?;
     std::fs::write(

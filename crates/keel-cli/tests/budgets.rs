@@ -9,7 +9,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::{Fixture, kinds, of_kind, state};
+use common::{Fixture, kinds, of_kind, state, stderr, stdout};
 use serde_json::Value;
 
 /// A contract with one command phase of `steps`, the `[budget]` lines `budget` and an acceptance
@@ -27,14 +27,6 @@ fn contract(budget: &str, verify: &str, steps: &[String]) -> String {
 
 fn s(text: &str) -> String {
     text.to_string()
-}
-
-fn stdout(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).to_string()
-}
-
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).to_string()
 }
 
 /// What the run has used of every budget, from `status --json`.

@@ -7,7 +7,7 @@ mod common;
 
 use std::process::Stdio;
 
-use common::{Fixture, kinds, state};
+use common::{Fixture, kinds, state, stderr, stdout};
 use serde_json::Value;
 
 const GOOD: &str = r#"[task]
@@ -54,14 +54,6 @@ name = "work"
 kind = "command"
 run = ["echo x > x.txt", "echo y > y.txt"]
 "#;
-
-fn stdout(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).to_string()
-}
-
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).to_string()
-}
 
 fn json(f: &Fixture, args: &[&str]) -> Value {
     let out = f.expect(args, 0);

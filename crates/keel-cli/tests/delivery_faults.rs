@@ -19,16 +19,8 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Output, Stdio};
 
-use common::{Fixture, Rng, assert_no_panic, fault_points, kinds, of_kind, state};
+use common::{Fixture, Rng, assert_no_panic, fault_points, kinds, of_kind, state, stderr, stdout};
 use serde_json::Value;
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Decision {

@@ -11,7 +11,7 @@ mod common;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
-use common::{Fixture, fault_points, git, kinds, state};
+use common::{Fixture, fault_points, git, kinds, state, stdout};
 use serde_json::Value;
 
 /// Two phases of steps that each append a letter to marker.txt; `fingerprint` is the contract's
@@ -138,10 +138,6 @@ fn in_progress_steps(status: &Value) -> usize {
         .flat_map(|p| p["steps"].as_array().unwrap().iter())
         .filter(|s| s["state"] == "in_progress")
         .count()
-}
-
-fn stdout(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn count(events: &[Value], kind: &str) -> usize {

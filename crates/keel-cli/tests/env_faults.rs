@@ -20,12 +20,8 @@ use std::net::TcpListener;
 use std::os::unix::process::ExitStatusExt;
 use std::sync::{Arc, Mutex};
 
-use common::{Fixture, fault_points, git, kinds, of_kind, state};
+use common::{Fixture, fault_points, git, kinds, of_kind, state, stdout};
 use serde_json::{Value, json};
-
-fn stdout(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 // ---------------------------------------------------------------------------------------------
 // Drift after a crash in the middle of a step

@@ -7,12 +7,8 @@
 
 mod common;
 
-use common::{Fixture, git, kinds, of_kind, state};
+use common::{Fixture, git, kinds, of_kind, state, stdout};
 use serde_json::Value;
-
-fn stdout(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).to_string()
-}
 
 fn is_hex(s: &str, len: usize) -> bool {
     s.len() == len && s.chars().all(|c| c.is_ascii_hexdigit())

@@ -23,40 +23,11 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::{Fixture, Rng, assert_no_panic, fault_points, kinds, of_kind, state};
+use common::{
+    ALL_LETTERS, Fixture, LETTERS_CONTRACT as CONTRACT, Rng, assert_no_panic, fault_points, kinds,
+    of_kind, state, stderr, stdout,
+};
 use serde_json::Value;
-
-/// Three steps in phase one, one in phase two; each appends a letter to marker.txt and prints
-/// it (so that each step's output is an artifact of its own).
-const CONTRACT: &str = r#"
-[task]
-goal = "Write the letters a to d into marker.txt."
-
-[[verify]]
-name = "letters"
-tier = "acceptance"
-run = "test -s marker.txt"
-
-[[phase]]
-name = "one"
-kind = "command"
-run = ["echo a | tee -a marker.txt", "echo b | tee -a marker.txt", "echo c | tee -a marker.txt"]
-
-[[phase]]
-name = "two"
-kind = "command"
-run = ["echo d | tee -a marker.txt"]
-"#;
-
-const ALL_LETTERS: &str = "a\nb\nc\nd\n";
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
 
 /// The fault point (1-based) just after the `step_verified` commit of the `k`th step.
 fn after_step_verified(points: &[String], k: usize) -> u64 {

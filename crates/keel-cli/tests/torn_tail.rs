@@ -10,32 +10,10 @@ mod common;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 
-use common::{Fixture, fault_points, kinds, state};
+use common::{
+    ALL_LETTERS, Fixture, LETTERS_CONTRACT as CONTRACT, fault_points, kinds, state, stderr, stdout,
+};
 use serde_json::Value;
-
-/// Three steps in the first phase (so a killed run has several events after checkpoint 0) and
-/// one in the second. Each step appends a letter to a file in the workspace.
-const CONTRACT: &str = r#"
-[task]
-goal = "Write the letters a to d into marker.txt."
-
-[[verify]]
-name = "letters"
-tier = "acceptance"
-run = "test -s marker.txt"
-
-[[phase]]
-name = "one"
-kind = "command"
-run = ["echo a >> marker.txt", "echo b >> marker.txt", "echo c >> marker.txt"]
-
-[[phase]]
-name = "two"
-kind = "command"
-run = ["echo d >> marker.txt"]
-"#;
-
-const ALL_LETTERS: &str = "a\nb\nc\nd\n";
 
 /// The fault point (1-based) just after the `step_verified` commit of the `k`th step command
 /// (1-based) the run executes: a step boundary.
@@ -210,14 +188,6 @@ fn newest_checkpoint_event(f: &Fixture, id: &str) -> u64 {
         )
         .unwrap();
     seq + 1
-}
-
-fn stdout(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// verify-log fails (exit 5), says DAMAGED and names `needle` (an event number phrase).

@@ -341,3 +341,37 @@ pub fn write_script(dir: &Path, lines: &[Value]) -> PathBuf {
     std::fs::write(&path, text.join("\n") + "\n").unwrap();
     path
 }
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Three command steps in phase one (so a killed run has several events after checkpoint 0) and
+/// one in phase two. Each appends a letter to marker.txt and prints it, so each step's output is
+/// an artifact of its own.
+pub const LETTERS_CONTRACT: &str = r#"
+[task]
+goal = "Write the letters a to d into marker.txt."
+
+[[verify]]
+name = "letters"
+tier = "acceptance"
+run = "test -s marker.txt"
+
+[[phase]]
+name = "one"
+kind = "command"
+run = ["echo a | tee -a marker.txt", "echo b | tee -a marker.txt", "echo c | tee -a marker.txt"]
+
+[[phase]]
+name = "two"
+kind = "command"
+run = ["echo d | tee -a marker.txt"]
+"#;
+
+/// What marker.txt holds once a [`LETTERS_CONTRACT`] run has done every step once.
+pub const ALL_LETTERS: &str = "a\nb\nc\nd\n";
