@@ -57,6 +57,7 @@ pub struct Prompt {
 /// One tool call as the driver asked for it. `arguments` is the raw JSON text the model wrote:
 /// keel parses and validates it, so malformed output is refused, not lost.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ToolCall {
     /// The provider's id for the call (echoed back by some APIs), or keel's own.
     pub id: String,
@@ -66,6 +67,7 @@ pub struct ToolCall {
 
 /// Tokens a model call used.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Usage {
     pub input_tokens: u64,
     pub output_tokens: u64,
@@ -73,6 +75,7 @@ pub struct Usage {
 
 /// A driver's answer: tool calls to make (possibly none) and any text it wrote besides.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ModelReply {
     pub text: Option<String>,
     pub calls: Vec<ToolCall>,

@@ -19,6 +19,7 @@ pub const GENESIS_HASH: &str = "000000000000000000000000000000000000000000000000
 
 /// Identifies a step: the phase's index in the contract and the step's index in the phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StepId {
     pub phase: u32,
     pub index: u32,
@@ -32,6 +33,7 @@ impl std::fmt::Display for StepId {
 
 /// A verifier's result: what ran, how it ended, where its output is, and in which environment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Evidence {
     /// 1-based number of this evidence within the run.
     pub n: u32,
@@ -62,6 +64,7 @@ pub struct Evidence {
 
 /// What a budget stop names: the budget, what was used and the limit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct BudgetStop {
     pub budget: BudgetName,
     pub used: u64,
@@ -82,7 +85,7 @@ impl std::fmt::Display for BudgetStop {
 
 /// Why a run is blocked, in a form a program can act on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "cause", rename_all = "snake_case")]
+#[serde(tag = "cause", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Block {
     Budget(BudgetStop),
     Drift {
@@ -135,7 +138,7 @@ impl Decision {
 
 /// What an approval request holds back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "gate", rename_all = "snake_case")]
+#[serde(tag = "gate", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Gate {
     /// A phase whose contract says `approval = true`, before its first step.
     Phase { phase: u32 },
@@ -212,6 +215,7 @@ pub fn effect_key(run: &str, step: StepId, call: u32) -> String {
 
 /// One verification result shown with an approval request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Check {
     pub verifier: String,
     pub passed: bool,
@@ -230,6 +234,7 @@ pub enum OnExpiry {
 /// A request for a person's decision, created by the harness (never by a driver's text): what
 /// is intended, the exact payload and its hash, the checks so far, the risk, the way back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ApprovalRequest {
     /// 1-based number of the request within the run.
     pub n: u32,
@@ -261,6 +266,7 @@ impl ApprovalRequest {
 /// Choices made on the command line for one run, overriding the contract's `[driver]`;
 /// recorded with the run so that a resume makes the same ones.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DriverChoice {
     pub kind: Option<crate::contract::DriverKind>,
     pub model: Option<String>,
@@ -268,6 +274,7 @@ pub struct DriverChoice {
 
 /// The phases of a contract as the run saw them at creation: names and their commands.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PhaseOutline {
     pub name: String,
     /// The commands of a command phase; empty for an agent phase, whose steps are made as the
@@ -282,7 +289,7 @@ pub struct PhaseOutline {
 
 /// Every kind of event keel writes, version 1.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum EventBody {
     RunCreated {
         contract_hash: String,

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 /// What keel knows of the environment at one instant. Collected by the engine; compared here.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Fingerprint {
     /// The commit HEAD points at, `None` on an unborn branch.
     pub head: Option<String>,
@@ -29,6 +30,7 @@ pub struct Fingerprint {
 
 /// One difference between two fingerprints, in words a person can act on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FingerprintChange {
     /// Which part changed: `head`, `branch`, `tree`, `lockfile`, `command`, `tool`, `keel_version`.
     pub part: String,

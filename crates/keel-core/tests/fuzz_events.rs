@@ -413,14 +413,29 @@ fn a_repeated_key_in_an_event_body_is_refused() {
 }
 
 #[test]
-fn an_unknown_key_in_an_event_body_is_ignored_today() {
-    // FIXME: keel never writes a key its own vocabulary lacks, so a version-1 body with one is
-    // not keel's; it is accepted and the key dropped from the decoded event (the stored text,
-    // which the hash covers, keeps it). `#[serde(deny_unknown_fields)]` on `EventBody` would
-    // refuse it; then flip this assertion.
+fn an_unknown_key_in_an_event_body_is_refused() {
+    // keel never writes a key its own vocabulary lacks, so a version-1 body with one is not
+    // keel's: dropping the key would decode an event other than the one the hash covers.
     let text = r#"{"kind":"cancelled","reason":"r","by":"b","unknown":1}"#;
+    let err = EventBody::decode(EVENT_VERSION, text).unwrap_err();
+    assert!(err.to_string().contains("unknown field `unknown`"), "{err}");
+    // So is one inside a nested part of the body.
+    let nested = r#"{"kind":"step_verified","step":{"phase":0,"index":1,"unknown":1}}"#;
+    let err = EventBody::decode(EVENT_VERSION, nested).unwrap_err();
+    assert!(err.to_string().contains("unknown field `unknown`"), "{err}");
+    // The same bodies without it are events.
     assert_eq!(
-        EventBody::decode(EVENT_VERSION, text),
+        EventBody::decode(
+            EVENT_VERSION,
+            r#"{"kind":"step_verified","step":{"phase":0,"index":1}}"#
+        ),
+        Ok(EventBody::StepVerified {
+            step: StepId { phase: 0, index: 1 }
+        })
+    );
+    let known = r#"{"kind":"cancelled","reason":"r","by":"b"}"#;
+    assert_eq!(
+        EventBody::decode(EVENT_VERSION, known),
         Ok(EventBody::Cancelled {
             reason: "r".into(),
             by: "b".into()
