@@ -400,8 +400,8 @@ pub fn start(
         choice,
         detach,
     } = new;
-    let workspace = workspace_of(contract_path, &contract)?;
-    let mut env = open_environment(store, &workspace)?;
+    let (workspace, probe) = open_workspace(contract_path, &contract)?;
+    let mut env = environment_from(store, &workspace, probe)?;
     // Refused before the run exists when the kernel cannot confine its commands.
     env.confinement = confinement_for(&contract, &env)?;
     let scrubber = known_secrets(&contract, &env)?;
@@ -511,6 +511,14 @@ fn agent_workspace(workspace: &Path) -> Result<keel_tools::Workspace, EngineErro
 /// The workspace a contract names (relative to the contract's directory), checked to be inside
 /// a git repository. Call it before creating anything, so a bad workspace leaves no trace.
 pub fn workspace_of(contract_path: &Path, contract: &Contract) -> Result<PathBuf, EngineError> {
+    open_workspace(contract_path, contract).map(|(workspace, _)| workspace)
+}
+
+/// [`workspace_of`], and the repository it opened to check it (one git process, reused).
+fn open_workspace(
+    contract_path: &Path,
+    contract: &Contract,
+) -> Result<(PathBuf, Git), EngineError> {
     let contract_dir = contract_path
         .canonicalize()
         .map_err(|e| EngineError::io(contract_path, e))?
@@ -521,17 +529,25 @@ pub fn workspace_of(contract_path: &Path, contract: &Contract) -> Result<PathBuf
     let workspace = workspace_path
         .canonicalize()
         .map_err(|e| EngineError::io(&workspace_path, e))?;
-    Git::open(&workspace, &[])?;
-    Ok(workspace)
+    let git = Git::open(&workspace, &[])?;
+    Ok((workspace, git))
 }
 
 fn open_environment(store: &Store, workspace: &Path) -> Result<Environment, EngineError> {
+    environment_from(store, workspace, Git::open(workspace, &[])?)
+}
+
+/// The run's environment on `probe`, the workspace's repository opened without excludes.
+fn environment_from(
+    store: &Store,
+    workspace: &Path,
+    probe: Git,
+) -> Result<Environment, EngineError> {
     let store_dir = store
         .path()
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."));
-    let probe = Git::open(workspace, &[])?;
     let excludes = keel_excludes(probe.root(), &store_dir);
     let git = probe.with_excludes(&excludes)?;
     let tmp = store_dir.join("tmp");

@@ -484,6 +484,23 @@ impl Git {
 
     /// The ref HEAD points at ("refs/heads/main"), or `None` when HEAD is detached.
     fn symbolic_head(&self) -> Result<Option<String>, GitError> {
+        // HEAD is a one-line file in the git directory (a linked worktree's own): `ref: <name>`
+        // when it points at a branch, a commit id when detached. Read it rather than start a
+        // git process; anything else (a reftable repository's placeholder, which points at
+        // `refs/heads/.invalid`, or a form this does not know) is asked of git.
+        if let Ok(text) = std::fs::read_to_string(self.git_dir.join("HEAD")) {
+            let line = text.strip_suffix('\n').unwrap_or(&text);
+            if let Some(target) = line.strip_prefix("ref: ") {
+                let plain = target.starts_with("refs/")
+                    && target != "refs/heads/.invalid"
+                    && !target.contains(|c: char| c.is_whitespace() || c.is_control());
+                if plain {
+                    return Ok(Some(target.to_string()));
+                }
+            } else if is_object_id(line) {
+                return Ok(None);
+            }
+        }
         let symbolic_ref = self.git().args(["symbolic-ref", "-q", "HEAD"]);
         let output = symbolic_ref.output()?;
         match output.status.code() {

@@ -101,6 +101,55 @@ fn branch_is_none_when_head_is_detached() {
 }
 
 #[test]
+fn branch_and_head_are_read_right_when_refs_are_kept_in_a_reftable() {
+    // The HEAD file of such a repository points at `refs/heads/.invalid`; the branch is asked
+    // of git.
+    let repo = Repo::new_reftable();
+    let head_file = std::fs::read_to_string(repo.path().join(".git/HEAD")).unwrap();
+    assert_eq!(head_file.trim(), "ref: refs/heads/.invalid");
+    let git = repo.open(&[]);
+    assert_eq!(git.head().unwrap(), None);
+    assert_eq!(git.branch().unwrap(), Some("main".to_string()));
+
+    repo.write("a.txt", "a\n");
+    let first = repo.commit_all("first");
+    repo.git(&["checkout", "-q", "-b", "feature/y"]);
+    assert_eq!(git.branch().unwrap(), Some("feature/y".to_string()));
+    assert_eq!(git.head().unwrap(), Some(first.clone()));
+    // A snapshot never moves the checked-out branch, here either.
+    let tree = git.worktree_tree().unwrap();
+    assert!(
+        git.snapshot(&tree, None, "s", "refs/heads/feature/y")
+            .is_err()
+    );
+    assert_eq!(repo.git(&["rev-parse", "HEAD"]), first);
+
+    repo.git(&["checkout", "-q", "--detach"]);
+    assert_eq!(git.branch().unwrap(), None);
+}
+
+#[test]
+fn branch_follows_the_head_file_as_git_writes_it() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    let git = repo.open(&[]);
+    for name in ["main", "x", "nested/name", "with-dash_and.dot"] {
+        if name != "main" {
+            repo.git(&["checkout", "-q", "-b", name]);
+        }
+        assert_eq!(git.branch().unwrap(), Some(name.to_string()));
+        assert_eq!(
+            repo.git(&["symbolic-ref", "--short", "HEAD"]),
+            name,
+            "git agrees"
+        );
+    }
+    repo.git(&["checkout", "-q", "--detach"]);
+    assert_eq!(git.branch().unwrap(), None);
+    repo.git(&["checkout", "-q", "main"]);
+    assert_eq!(git.branch().unwrap(), Some("main".to_string()));
+}
+
+#[test]
 fn resolve_gives_full_ids_and_none_for_what_does_not_exist() {
     let repo = Repo::with_commit(&[("a.txt", "a\n"), ("dir with space/b c", "b\n")]);
     let git = repo.open(&[]);

@@ -26,6 +26,15 @@ impl Repo {
         repo
     }
 
+    /// An empty repository on branch `main` whose refs are kept in git's reftable format (its
+    /// `HEAD` file is only a placeholder).
+    pub fn new_reftable() -> Repo {
+        let dir = tempfile::tempdir().expect("create a temporary directory");
+        let repo = Repo { dir };
+        repo.git(&["init", "-q", "-b", "main", "--ref-format=reftable"]);
+        repo
+    }
+
     /// A repository with one commit of `files`.
     pub fn with_commit(files: &[(&str, &str)]) -> Repo {
         let repo = Repo::new();
