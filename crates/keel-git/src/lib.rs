@@ -487,8 +487,14 @@ impl Git {
         // HEAD is a one-line file in the git directory (a linked worktree's own): `ref: <name>`
         // when it points at a branch, a commit id when detached. Read it rather than start a
         // git process; anything else (a reftable repository's placeholder, which points at
-        // `refs/heads/.invalid`, or a form this does not know) is asked of git.
-        if let Ok(text) = std::fs::read_to_string(self.git_dir.join("HEAD")) {
+        // `refs/heads/.invalid`, a HEAD that is a symbolic link to a branch's file, as old gits
+        // could write, or a form this does not know) is asked of git.
+        let head = self.git_dir.join("HEAD");
+        let regular = std::fs::symlink_metadata(&head).is_ok_and(|m| m.file_type().is_file());
+        if let Some(text) = regular
+            .then(|| std::fs::read_to_string(&head).ok())
+            .flatten()
+        {
             let line = text.strip_suffix('\n').unwrap_or(&text);
             if let Some(target) = line.strip_prefix("ref: ") {
                 let plain = target.starts_with("refs/")

@@ -147,6 +147,13 @@ fn branch_follows_the_head_file_as_git_writes_it() {
     assert_eq!(git.branch().unwrap(), None);
     repo.git(&["checkout", "-q", "main"]);
     assert_eq!(git.branch().unwrap(), Some("main".to_string()));
+
+    // A HEAD that is a symbolic link to the branch's file (`core.preferSymlinkRefs`, as old
+    // gits wrote it) still names the branch, not the commit in that file.
+    let head = repo.path().join(".git/HEAD");
+    std::fs::remove_file(&head).unwrap();
+    std::os::unix::fs::symlink("refs/heads/x", &head).unwrap();
+    assert_eq!(git.branch().unwrap(), Some("x".to_string()));
 }
 
 #[test]
