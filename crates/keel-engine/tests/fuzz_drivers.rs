@@ -162,6 +162,7 @@ fn opt_string(v: Option<&Value>) -> Result<Option<String>, ()> {
 
 const ACTION_KEYS: [&str; 6] = ["calls", "tool", "args", "arguments", "text", "usage"];
 const CALL_KEYS: [&str; 3] = ["tool", "args", "arguments"];
+const USAGE_KEYS: [&str; 2] = ["input_tokens", "output_tokens"];
 
 fn script_call(
     id: String,
@@ -235,9 +236,13 @@ fn expected_script(body: &[u8]) -> Expect {
         Ok(None) => {}
         Err(()) => return Expect::Refuse,
     }
-    // `Usage` is keel-core's, shared with the event log, and reads past keys it does not know.
+    // `Usage` is keel-core's, shared with the event log, and refuses keys it does not know, as
+    // the action and its calls do.
     let usage = match obj.get("usage") {
         None | Some(Value::Null) => Usage::default(),
+        Some(Value::Object(u)) if u.keys().any(|k| !USAGE_KEYS.contains(&k.as_str())) => {
+            return Expect::Refuse;
+        }
         Some(Value::Object(u)) => match (
             u.get("input_tokens").and_then(Value::as_u64),
             u.get("output_tokens").and_then(Value::as_u64),
@@ -388,6 +393,16 @@ proptest! {
         let bytes = edits.iter().fold(samples[which.index(samples.len())].to_string().into_bytes(), apply_bytes);
         check_all(&bytes);
     }
+}
+
+#[test]
+fn a_script_usage_with_a_key_keel_does_not_know_is_refused() {
+    // Found by `a_mutated_input_is_refused_or_parsed_exactly` once `Usage` (shared with the event
+    // log) began to refuse unknown keys: the script's usage is checked like the rest of it.
+    let line = r#"{"calls":[{"args":{"text":"x"},"tool":"note"}],"usage":{"input_tokens":5,"output_tail":-1,"output_tokens":2}}"#;
+    let err = script_driver().parse(line.as_bytes()).unwrap_err();
+    assert!(err.contains("unknown field `output_tail`"), "{err}");
+    check_all(line.as_bytes());
 }
 
 #[test]
