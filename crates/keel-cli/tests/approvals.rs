@@ -300,10 +300,8 @@ fn a_request_nobody_decides_in_time_ends_as_the_contract_says() {
     }
 }
 
-#[test]
-fn a_question_waits_for_its_answer_which_the_driver_then_sees() {
-    let f = Fixture::new(
-        r#"
+/// An agent phase that asks which colour, then writes it; its script is `actions.jsonl`.
+const ASKS_THEN_WRITES: &str = r#"
 [task]
 goal = "answer.txt holds the colour a person chose"
 
@@ -320,8 +318,11 @@ run = "grep -qx blue answer.txt"
 name = "ask"
 kind = "agent"
 objective = "Ask which colour, then write it to answer.txt."
-"#,
-    );
+"#;
+
+#[test]
+fn a_question_waits_for_its_answer_which_the_driver_then_sees() {
+    let f = Fixture::new(ASKS_THEN_WRITES);
     std::fs::write(
         f.path("actions.jsonl"),
         concat!(
@@ -361,6 +362,97 @@ objective = "Ask which colour, then write it to answer.txt."
             .contains("blue (answered by"),
         "{prompt:#}"
     );
+}
+
+/// Runs `script` with each commit of its first process failing in turn (`commit-error@N`,
+/// nothing stored, and `commit-lost-ack@N`, stored but reported failed), resumes once without
+/// a fault, and hands the fixture, the run id and the fault to `check`.
+fn with_each_commit_failing(script: &str, check: impl Fn(&Fixture, &str, &str)) {
+    let outside = tempfile::tempdir().unwrap();
+    let trace = outside.path().join("commits");
+    let twin = Fixture::new(ASKS_THEN_WRITES);
+    std::fs::write(twin.path("actions.jsonl"), script).unwrap();
+    let (_, out) = twin.start(&[("KEEL_STORE_FAULT_TRACE", trace.display().to_string())]);
+    common::assert_no_panic(&out, "the run without a fault");
+    let commits = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("commit"))
+        .count();
+    assert!(commits >= 3, "the first process commits {commits} times");
+    for n in 1..=commits {
+        for fault in ["commit-error", "commit-lost-ack"] {
+            let what = format!("{fault}@{n}");
+            let f = Fixture::new(ASKS_THEN_WRITES);
+            std::fs::write(f.path("actions.jsonl"), script).unwrap();
+            let out = f
+                .keel()
+                .args(["run", "keel.toml"])
+                .env("KEEL_STORE_FAULT", &what)
+                .output()
+                .unwrap();
+            common::assert_no_panic(&out, &what);
+            let Some(id) = f.stored_run_id() else {
+                continue;
+            };
+            let out = f.run(&["resume", &id]);
+            common::assert_no_panic(&out, &what);
+            check(&f, &id, &what);
+        }
+    }
+}
+
+/// Found by the seeded engine simulation: the step that asked a question was stored, then the
+/// commit that set the run waiting failed, and `keel resume` went on to the next step with the
+/// question unanswered. The wait is now stored with the step's end (and a run found going on
+/// past an unanswered question waits for it). Each time here the resumed run waits for the
+/// answer, the next step has not run, and the answer lets it complete.
+#[test]
+fn a_failed_commit_around_a_question_never_lets_the_run_go_on_unanswered() {
+    let script = concat!(
+        r#"{"tool": "ask", "args": {"question": "Which colour?"}}"#,
+        "\n",
+        r#"{"calls": [{"tool": "write", "args": {"path": "answer.txt", "content": "blue\n"}}, {"tool": "finish", "args": {"summary": "wrote it"}}]}"#,
+        "\n"
+    );
+    with_each_commit_failing(script, |f, id, what| {
+        let status = f.status(id);
+        assert_eq!(state(&status), "waiting", "{what}: {status:#}");
+        assert!(status["questions"][0]["answer"].is_null(), "{what}");
+        assert!(!f.path("answer.txt").exists(), "{what}: the next step ran");
+        f.expect(&["answer", id, "1", "blue"], 0);
+        f.expect(&["resume", id], 0);
+        f.verify_log_ok(id);
+    });
+}
+
+/// The same for the driver's `blocked`: the stop is stored with the step that made it, so a
+/// failed commit cannot lose it and let the run take its next step. (`keel resume` of a run the
+/// driver stopped is a person telling it to go on, so the check is on the log: the stop comes
+/// before any second step.)
+#[test]
+fn a_failed_commit_around_the_drivers_stop_never_loses_the_stop() {
+    let script = concat!(
+        r#"{"tool": "blocked", "args": {"category": "ambiguity", "reason": "no colour given"}}"#,
+        "\n",
+        r#"{"calls": [{"tool": "write", "args": {"path": "answer.txt", "content": "blue\n"}}, {"tool": "finish", "args": {"summary": "wrote it"}}]}"#,
+        "\n"
+    );
+    with_each_commit_failing(script, |f, id, what| {
+        let events = f.events(id);
+        let stop = events
+            .iter()
+            .position(|e| e["kind"] == "state_changed" && e["body"]["block"]["cause"] == "driver");
+        let second = events
+            .iter()
+            .position(|e| e["kind"] == "step_started" && e["body"]["step"]["index"] == 1);
+        assert!(
+            stop.is_some_and(|stop| second.is_none_or(|second| stop < second)),
+            "{what}: the driver's stop is recorded before any next step: {:?}",
+            kinds(&events)
+        );
+        f.verify_log_ok(id);
+    });
 }
 
 #[test]

@@ -58,15 +58,7 @@ objective = "Apply a, b, c, d and e."
 tools = ["http", "apply_keyed", "apply_unkeyed", "finish"]
 done_when = []
 
-[[tool]]
-name = "apply_keyed"
-description = "Apply one item to the service, with the call's idempotency key."
-run = ["sh", "-c", "curl -sS -f -X POST -H \"Idempotency-Key: $KEY\" --data-binary \"$0\" {url}/apply", "{{item}}"]
-parameters = {{ item = {{ type = "string" }} }}
-idempotency_key = "env:KEY"
-reversibility = "irreversible"
-network = true
-
+{apply_keyed}
 [[tool]]
 name = "apply_unkeyed"
 description = "Apply one item to the service; it takes no key."
@@ -76,6 +68,7 @@ reversibility = "irreversible"
 network = true
 "#,
         script = script_path.display(),
+        apply_keyed = common::apply_keyed_tool(url),
     )
 }
 
@@ -302,18 +295,11 @@ fn killed_at_every_boundary_no_effect_is_applied_twice() {
     );
 }
 
-#[test]
-fn calls_of_a_class_the_contract_names_wait_for_a_person() {
-    let outside = tempfile::tempdir().unwrap();
-    let path = outside.path().join("script.jsonl");
-    let lines = [
-        json!({"tool": "publish", "args": {"item": "x"}}),
-        json!({"tool": "publish", "args": {"item": "y"}}),
-        json!({"tool": "finish", "args": {"summary": "published"}}),
-    ];
-    let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
-    std::fs::write(&path, text.join("\n") + "\n").unwrap();
-    let f = Fixture::new(&format!(
+/// Writes `lines` as the driver script in `dir` and returns a contract whose `publish` tool
+/// (irreversible, appends its item to published.txt) waits for a person before each call.
+fn gated_publish(dir: &std::path::Path, lines: &[Value]) -> String {
+    let path = common::write_script(dir, lines);
+    format!(
         r#"
 [task]
 goal = "Publish."
@@ -333,7 +319,7 @@ run = "test -f README.md"
 [[phase]]
 name = "publish"
 kind = "agent"
-objective = "Publish x and y."
+objective = "Publish the items."
 tools = ["publish", "finish"]
 done_when = []
 
@@ -344,7 +330,18 @@ run = ["sh", "-c", "echo \"$0\" >> published.txt", "{{item}}"]
 parameters = {{ item = {{ type = "string" }} }}
 "#,
         path.display()
-    ));
+    )
+}
+
+#[test]
+fn calls_of_a_class_the_contract_names_wait_for_a_person() {
+    let outside = tempfile::tempdir().unwrap();
+    let lines = [
+        json!({"tool": "publish", "args": {"item": "x"}}),
+        json!({"tool": "publish", "args": {"item": "y"}}),
+        json!({"tool": "finish", "args": {"summary": "published"}}),
+    ];
+    let f = Fixture::new(&gated_publish(outside.path(), &lines));
     let (id, out) = f.start(&[]);
     assert_eq!(out.status.code(), Some(3), "{}", f.explain(&out));
     assert!(
@@ -400,6 +397,73 @@ parameters = {{ item = {{ type = "string" }} }}
     let effects: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(effects.as_array().unwrap().len(), 1, "{effects:#}");
     assert_eq!(effects[0]["status"], "done");
+    f.verify_log_ok(&id);
+}
+
+/// Found by the seeded engine simulation: keel stored a call's "needs approval" decision, was
+/// killed before the approval request was stored, and on resume went round its loop forever
+/// (the call waited for a request that did not exist). The request is now made on resume, and
+/// a move that records nothing stops the run with an error instead of spinning.
+#[test]
+fn killed_between_a_calls_need_for_approval_and_its_request_it_asks_on_resume() {
+    let outside = tempfile::tempdir().unwrap();
+    let lines = [
+        json!({"tool": "publish", "args": {"item": "x"}}),
+        json!({"tool": "finish", "args": {"summary": "published"}}),
+    ];
+    let contract = gated_publish(outside.path(), &lines);
+    // The fault points of the first process, up to the request; the kill goes where the
+    // decision to ask is stored and the request is not.
+    let twin = Fixture::new(&contract);
+    let trace = outside.path().join("trace");
+    let (_, out) = twin.start(&[("KEEL_FAULT_TRACE", trace.display().to_string())]);
+    assert_eq!(out.status.code(), Some(3), "{}", twin.explain(&out));
+    let points: Vec<String> = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .map(|l| l.split_once(' ').unwrap().1.to_string())
+        .collect();
+    let at = points
+        .iter()
+        .position(|p| p == "policy decided")
+        .expect("the call's decision is a fault point")
+        + 1;
+
+    let f = Fixture::new(&contract);
+    let (id, out) = f.start(&[("KEEL_CRASH_AT", at.to_string())]);
+    assert_eq!(out.status.code(), None, "killed: {}", f.explain(&out));
+    let events = f.events(&id);
+    let decided = of_kind(&events, "policy_decision");
+    assert_eq!(decided.len(), 1, "{:?}", kinds(&events));
+    assert_eq!(decided[0]["body"]["decision"], "needs_approval");
+    assert!(of_kind(&events, "approval_requested").is_empty());
+
+    let out = f.run(&["resume", &id]);
+    assert_eq!(out.status.code(), Some(3), "{}", f.explain(&out));
+    let st = f.status(&id);
+    assert_eq!(state(&st), "awaiting_approval", "{st:#}");
+    let requests = st["approvals"].as_array().unwrap();
+    assert_eq!(requests.len(), 1, "{st:#}");
+    assert_eq!(requests[0]["gate"]["gate"], "tool_call");
+    assert!(!f.path("published.txt").exists(), "nothing ran unapproved");
+    let hash = requests[0]["payload_hash"].as_str().unwrap().to_string();
+    f.expect(
+        &[
+            "approve",
+            &id,
+            "1",
+            "--payload-hash",
+            &hash,
+            "--reason",
+            "ok",
+        ],
+        0,
+    );
+    f.expect(&["resume", &id], 0);
+    assert_eq!(
+        std::fs::read_to_string(f.path("published.txt")).unwrap(),
+        "x\n"
+    );
     f.verify_log_ok(&id);
 }
 

@@ -87,16 +87,9 @@ approval = true
 run = ["printf 'shipped\\n' > shipped.txt"]
 done_when = []
 
-[[tool]]
-name = "apply_keyed"
-description = "Apply one item to the service, with the call's idempotency key."
-run = ["sh", "-c", "curl -sS -f -X POST -H \"Idempotency-Key: $KEY\" --data-binary \"$0\" {url}/apply", "{{item}}"]
-parameters = {{ item = {{ type = "string" }} }}
-idempotency_key = "env:KEY"
-reversibility = "irreversible"
-network = true
-"#,
+{apply_keyed}"#,
         script = script_path.display(),
+        apply_keyed = common::apply_keyed_tool(url),
     )
 }
 

@@ -31,27 +31,9 @@ use keel_core::fingerprint::Fingerprint;
 use keel_core::invariant::{self, Outcome};
 use keel_core::run::{Next, Run};
 use keel_core::state::RunState;
+use keel_test_support::rng::SplitMix as Rng;
 
 const RUN: &str = "0193sim";
-
-/// A deterministic generator (splitmix64): the same seed gives the same numbers everywhere.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 /// One tool call of a scripted reply.
 #[derive(Debug, Clone)]

@@ -106,6 +106,14 @@ impl Engine<'_> {
         let (objective, tool_names, timeout_ms) = self.agent_phase(id.phase);
         let tool_names = self.mcp.expand(&tool_names);
         let specs: Vec<ToolSpec> = tool_names.iter().filter_map(|t| self.spec_of(t)).collect();
+        if self.run.in_progress.is_none()
+            && self.run.state == RunState::Executing
+            && let Some(q) = self.run.pending_question().cloned()
+        {
+            // A question nobody answered yet: the run waits for it before its next step (a log
+            // written before the wait was stored with the step's end can be here).
+            return self.wait_for_answer(&q);
+        }
         if self.run.in_progress.is_none() {
             let mut bodies = Vec::new();
             if self.run.state != RunState::Executing {
@@ -170,7 +178,8 @@ impl Engine<'_> {
                 Some(c) if c.finished || c.decision == Decision::Deny => verdict,
                 Some(c) if c.decision == Decision::NeedsApproval => {
                     // The call waited for a person; their decision is recorded as the call's.
-                    match self.call_approval(Gate::ToolCall { step: id, call: i }) {
+                    let gate = Gate::ToolCall { step: id, call: i };
+                    match self.call_approval(gate.clone()) {
                         Some((n, d)) if d.approve => {
                             let verdict = Verdict {
                                 decision: Decision::Allow,
@@ -194,7 +203,12 @@ impl Engine<'_> {
                             verdict
                         }
                         // Not decided yet: the run waits.
-                        None => return Ok(()),
+                        None if self.run.approvals.iter().any(|a| a.request.gate == gate) => {
+                            return Ok(());
+                        }
+                        // keel stopped after deciding to ask and before the request was
+                        // stored: ask now.
+                        None => return self.request_call_approval(id, i, call, &verdict),
                     }
                 }
                 Some(c) => {
@@ -287,36 +301,34 @@ impl Engine<'_> {
                 self.run.observations.last().map(|o| &o.text)
             ));
         }
-        self.finish_agent_step(id, &outcomes)?;
-        if let Some(q) = self.run.pending_question().cloned()
-            && q.step == id
-            && self.run.state == RunState::Executing
-        {
-            let announcement = serde_json::json!({
-                "run": self.run.id,
-                "kind": "question",
-                "question": q,
-            });
-            self.set_state(
-                RunState::Waiting,
-                &format!(
-                    "waiting for the answer to question {}: {}; answer with `keel answer {} {} \"…\"`",
-                    q.n,
-                    cut(&q.question, 200),
-                    self.run.id,
-                    q.n
-                ),
-                None,
-            )?;
-            return self.notify(&format!("question {}", q.n), &announcement);
-        }
-        if let Some((category, reason)) = blocked_by_driver {
-            let text = format!("the driver stopped the run ({category}): {reason}");
-            self.set_state(
+        // What the step leads to (waiting for its question, or the driver's stop) is stored in
+        // the same commit as the step's end: a crash or a failed commit in between must not
+        // keep the step and lose where it leads.
+        let question = self
+            .run
+            .pending_question()
+            .filter(|q| q.step == id)
+            .cloned();
+        let then = match (&question, &blocked_by_driver) {
+            (Some(q), _) => Some((RunState::Waiting, self.waiting_reason(q), None)),
+            (None, Some((category, reason))) => Some((
                 RunState::Blocked,
-                &text,
-                Some(Block::Driver { category, reason }),
-            )?;
+                format!("the driver stopped the run ({category}): {reason}"),
+                Some(Block::Driver {
+                    category: category.clone(),
+                    reason: reason.clone(),
+                }),
+            )),
+            (None, None) => None,
+        };
+        self.finish_agent_step(id, &outcomes, then.clone())?;
+        if let Some(q) = question
+            && matches!(self.run.state, RunState::Executing | RunState::Waiting)
+        {
+            return self.wait_for_answer(&q);
+        }
+        if let Some((to @ RunState::Blocked, text, block)) = then {
+            self.set_state(to, &text, block)?;
             return Ok(());
         }
         if let Some(pattern) = self.run.loop_detected() {
@@ -1234,7 +1246,19 @@ impl Engine<'_> {
 
     /// After the calls: changes outside the scope are undone and recorded, the step's result is
     /// recorded, and step verifiers judge a changed workspace.
-    fn finish_agent_step(&mut self, id: StepId, outcomes: &[String]) -> Result<(), EngineError> {
+    /// Records the step's end (and its verification). `then` is the state the step leads to,
+    /// stored in the same commit as the step's last event.
+    fn finish_agent_step(
+        &mut self,
+        id: StepId,
+        outcomes: &[String],
+        then: Option<(RunState, String, Option<Block>)>,
+    ) -> Result<(), EngineError> {
+        let then = |engine: &Self| {
+            then.clone()
+                .filter(|_| engine.run.state == RunState::Executing)
+                .map(|(to, reason, block)| engine.state_change(to, &reason, block))
+        };
         let pre = self
             .run
             .in_progress
@@ -1317,7 +1341,9 @@ impl Engine<'_> {
         // With no step verifier to run, nothing happens between the step's end and its
         // verification: one commit (one fsync) records both.
         if verifiers.is_empty() {
-            return self.commit(vec![finished, EventBody::StepVerified { step: id }]);
+            let mut last = vec![finished, EventBody::StepVerified { step: id }];
+            last.extend(then(self));
+            return self.commit(last);
         }
         self.commit(vec![finished])?;
         for v in verifiers {
@@ -1328,20 +1354,50 @@ impl Engine<'_> {
                     &evidence.status,
                     evidence.excerpt.as_deref().unwrap_or(""),
                 );
-                return self.commit(vec![EventBody::StepFailed {
-                    step: id,
-                    reason: format!(
-                        "step verifier `{}` failed ({}), evidence #{}",
-                        v.name, evidence.status, evidence.n
-                    ),
-                    error_fingerprint: fp,
-                    excerpt,
-                    rolled_back: Vec::new(),
-                    kept: true,
-                }]);
+                return self.commit(
+                    vec![EventBody::StepFailed {
+                        step: id,
+                        reason: format!(
+                            "step verifier `{}` failed ({}), evidence #{}",
+                            v.name, evidence.status, evidence.n
+                        ),
+                        error_fingerprint: fp,
+                        excerpt,
+                        rolled_back: Vec::new(),
+                        kept: true,
+                    }]
+                    .into_iter()
+                    .chain(then(self))
+                    .collect(),
+                );
             }
         }
-        self.commit(vec![EventBody::StepVerified { step: id }])
+        let mut last = vec![EventBody::StepVerified { step: id }];
+        last.extend(then(self));
+        self.commit(last)
+    }
+
+    fn waiting_reason(&self, q: &keel_core::run::Question) -> String {
+        format!(
+            "waiting for the answer to question {}: {}; answer with `keel answer {} {} \"…\"`",
+            q.n,
+            cut(&q.question, 200),
+            self.run.id,
+            q.n
+        )
+    }
+
+    /// The run waits for the answer to `q` (if it is not waiting already) and the contract's
+    /// `notify` command is told of the question.
+    fn wait_for_answer(&mut self, q: &keel_core::run::Question) -> Result<(), EngineError> {
+        let reason = self.waiting_reason(q);
+        self.set_state(RunState::Waiting, &reason, None)?;
+        let announcement = serde_json::json!({
+            "run": self.run.id,
+            "kind": "question",
+            "question": q,
+        });
+        self.notify(&format!("question {}", q.n), &announcement)
     }
 
     /// Files and lines changed from the run's base to `tree`; the last answer is kept, as

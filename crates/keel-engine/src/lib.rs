@@ -93,6 +93,13 @@ pub enum EngineError {
     },
     #[error("{0}")]
     Usage(String),
+    /// The engine went round its loop without recording anything: a keel bug, stopped rather
+    /// than spun on.
+    #[error(
+        "run {run}: keel made no progress at {at} (the same state, no new event); this is a \
+         keel bug: the run is left as it is, please report it with `keel log {run}`"
+    )]
+    Stuck { run: String, at: String },
 }
 
 impl EngineError {
@@ -189,11 +196,39 @@ pub fn holder_is_stale(holder: &str) -> bool {
     process_start(pid) != Some(start)
 }
 
+/// keel's clock, in milliseconds since the Unix epoch: every event's time and every lease and
+/// request deadline comes from here.
+///
+/// `KEEL_CLOCK=MS` (for tests and the seeded simulation) makes it a fake clock that reads MS
+/// at this process's first reading and runs on at the real rate from there, so a test can
+/// place each process hours or days after the last one (a lease long expired, a request past
+/// its deadline) without waiting. A value that is not a whole number is reported once on
+/// stderr and the real clock is used.
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
+    static FAKE: std::sync::OnceLock<Option<(i64, std::time::Instant)>> =
+        std::sync::OnceLock::new();
+    let fake = FAKE.get_or_init(|| {
+        let value = std::env::var("KEEL_CLOCK").ok()?;
+        match value.trim().parse::<i64>() {
+            Ok(ms) => Some((ms, std::time::Instant::now())),
+            Err(_) => {
+                eprintln!(
+                    "keel: KEEL_CLOCK={value:?} is not a number of milliseconds since 1970; \
+                     using the real clock"
+                );
+                None
+            }
+        }
+    });
+    match fake {
+        Some((start, at)) => {
+            start.saturating_add(i64::try_from(at.elapsed().as_millis()).unwrap_or(i64::MAX))
+        }
+        None => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            .unwrap_or(0),
+    }
 }
 
 /// A fresh run id: a UUIDv7, so ids sort by creation time.
@@ -1235,12 +1270,28 @@ impl Engine<'_> {
     }
 
     fn drive_loop(&mut self) -> Result<(), EngineError> {
+        let mut last: Option<(u64, usize, RunState, Next)> = None;
         loop {
             // A stop request (SIGTERM to a worker) is honoured at a step boundary: the lease is
             // released and the run is left for the next process.
             if stop_requested() && self.run.in_progress.is_none() {
                 return Ok(());
             }
+            // Every move records something (an event, staged or stored) or changes the state;
+            // the same move from the same place again would repeat forever.
+            let here = (
+                self.run.seq,
+                self.staged.len(),
+                self.run.state,
+                self.run.next(),
+            );
+            if last.as_ref() == Some(&here) {
+                return Err(EngineError::Stuck {
+                    run: self.run.id.clone(),
+                    at: format!("{:?} in state {}", here.3, here.2),
+                });
+            }
+            last = Some(here);
             match self.run.next() {
                 Next::Stop => return Ok(()),
                 Next::RequestApproval(phase) => self.request_phase_approval(phase)?,

@@ -111,7 +111,8 @@ impl From<EngineError> for ApiError {
             | EngineError::ContractFile { .. }
             | EngineError::Io { .. }
             | EngineError::DamagedLog { .. }
-            | EngineError::ContractMissing { .. } => ApiError::internal(e.to_string()),
+            | EngineError::ContractMissing { .. }
+            | EngineError::Stuck { .. } => ApiError::internal(e.to_string()),
         }
     }
 }

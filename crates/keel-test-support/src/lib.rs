@@ -4,5 +4,6 @@
 pub mod fuzz;
 pub mod invariants;
 pub mod mcp;
+pub mod rng;
 pub mod service;
 pub mod survey;

@@ -70,6 +70,8 @@ impl Fixture {
         c.env_remove("KEEL_STORE");
         c.env_remove("KEEL_CRASH_AT");
         c.env_remove("KEEL_FAULT_TRACE");
+        c.env_remove("KEEL_STORE_FAULT");
+        c.env_remove("KEEL_CLOCK");
         c
     }
 
@@ -375,3 +377,20 @@ run = ["echo d | tee -a marker.txt"]
 
 /// What marker.txt holds once a [`LETTERS_CONTRACT`] run has done every step once.
 pub const ALL_LETTERS: &str = "a\nb\nc\nd\n";
+
+/// The contract tool `apply_keyed` (TOML): it applies its `item` to the counting service at
+/// `url` with the call's idempotency key in `Idempotency-Key`; irreversible, on the network.
+pub fn apply_keyed_tool(url: &str) -> String {
+    format!(
+        r#"
+[[tool]]
+name = "apply_keyed"
+description = "Apply one item to the service, with the call's idempotency key."
+run = ["sh", "-c", "curl -sS -f -X POST -H \"Idempotency-Key: $KEY\" --data-binary \"$0\" {url}/apply", "{{item}}"]
+parameters = {{ item = {{ type = "string" }} }}
+idempotency_key = "env:KEY"
+reversibility = "irreversible"
+network = true
+"#
+    )
+}
