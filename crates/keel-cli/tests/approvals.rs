@@ -364,13 +364,14 @@ fn a_question_waits_for_its_answer_which_the_driver_then_sees() {
     );
 }
 
-/// Runs `script` with each commit of its first process failing in turn (`commit-error@N`,
-/// nothing stored, and `commit-lost-ack@N`, stored but reported failed), resumes once without
-/// a fault, and hands the fixture, the run id and the fault to `check`.
-fn with_each_commit_failing(script: &str, check: impl Fn(&Fixture, &str, &str)) {
+/// Runs `contract` (with `script` as its `actions.jsonl`) with each commit of its first process
+/// failing in turn (`commit-error@N`, nothing stored, and `commit-lost-ack@N`, stored but
+/// reported failed), resumes once without a fault, and hands the fixture, the run id and the
+/// fault to `check`.
+fn with_each_commit_failing(contract: &str, script: &str, check: impl Fn(&Fixture, &str, &str)) {
     let outside = tempfile::tempdir().unwrap();
     let trace = outside.path().join("commits");
-    let twin = Fixture::new(ASKS_THEN_WRITES);
+    let twin = Fixture::new(contract);
     std::fs::write(twin.path("actions.jsonl"), script).unwrap();
     let (_, out) = twin.start(&[("KEEL_STORE_FAULT_TRACE", trace.display().to_string())]);
     common::assert_no_panic(&out, "the run without a fault");
@@ -383,7 +384,7 @@ fn with_each_commit_failing(script: &str, check: impl Fn(&Fixture, &str, &str)) 
     for n in 1..=commits {
         for fault in ["commit-error", "commit-lost-ack"] {
             let what = format!("{fault}@{n}");
-            let f = Fixture::new(ASKS_THEN_WRITES);
+            let f = Fixture::new(contract);
             std::fs::write(f.path("actions.jsonl"), script).unwrap();
             let out = f
                 .keel()
@@ -415,7 +416,7 @@ fn a_failed_commit_around_a_question_never_lets_the_run_go_on_unanswered() {
         r#"{"calls": [{"tool": "write", "args": {"path": "answer.txt", "content": "blue\n"}}, {"tool": "finish", "args": {"summary": "wrote it"}}]}"#,
         "\n"
     );
-    with_each_commit_failing(script, |f, id, what| {
+    with_each_commit_failing(ASKS_THEN_WRITES, script, |f, id, what| {
         let status = f.status(id);
         assert_eq!(state(&status), "waiting", "{what}: {status:#}");
         assert!(status["questions"][0]["answer"].is_null(), "{what}");
@@ -438,7 +439,7 @@ fn a_failed_commit_around_the_drivers_stop_never_loses_the_stop() {
         r#"{"calls": [{"tool": "write", "args": {"path": "answer.txt", "content": "blue\n"}}, {"tool": "finish", "args": {"summary": "wrote it"}}]}"#,
         "\n"
     );
-    with_each_commit_failing(script, |f, id, what| {
+    with_each_commit_failing(ASKS_THEN_WRITES, script, |f, id, what| {
         let events = f.events(id);
         let stop = events
             .iter()
@@ -494,6 +495,27 @@ fn a_budget_block_asks_for_a_raise_that_an_approval_grants() {
         .unwrap();
     assert_eq!(raised["body"]["by"], "alice");
     assert_eq!(raised["body"]["to"], 2);
+}
+
+/// Found by the seeded engine simulation: a block and the request beside it (raise the budget,
+/// accept the changed environment) were two commits, and a failure between them left a block
+/// whose request never reached the inbox. They are one commit now: whichever commit fails, the
+/// resumed run is blocked with its request waiting.
+#[test]
+fn a_failed_commit_never_leaves_a_budget_block_without_its_request() {
+    let outside = tempfile::tempdir().unwrap();
+    let marker = outside.path().join("m");
+    let text = common::publish_contract(&marker)
+        .replace("approval = true\n", "")
+        .replace("[task]", "[budget]\nsteps = 1\n\n[task]");
+    with_each_commit_failing(&text, "", |f, id, what| {
+        let status = f.status(id);
+        assert_eq!(state(&status), "blocked", "{what}: {status:#}");
+        let list = pending(f);
+        assert_eq!(list.len(), 1, "{what}: {list:#?}");
+        assert_eq!(list[0]["gate"]["gate"], "budget_raise", "{what}");
+        f.verify_log_ok(id);
+    });
 }
 
 #[test]

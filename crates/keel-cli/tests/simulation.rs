@@ -59,6 +59,8 @@ enum Call {
     /// A POST to the service through keel's `http` tool.
     Post(String),
     Ask(String),
+    /// A shell command through keel's `run` tool, appending `line` to `file`.
+    Run(String, String),
     Finish(String),
 }
 
@@ -75,6 +77,9 @@ impl Call {
                 "method": "POST", "url": format!("{url}/apply"), "body": body
             }}),
             Call::Ask(question) => json!({"tool": "ask", "args": {"question": question}}),
+            Call::Run(file, line) => json!({"tool": "run", "args": {
+                "command": format!("printf '%s\\n' '{line}' >> {file}")
+            }}),
             Call::Finish(summary) => json!({"tool": "finish", "args": {"summary": summary}}),
         }
     }
@@ -96,6 +101,10 @@ struct Scenario {
     gate_effects: bool,
     /// `[approvals] expires = "1h"`.
     deadline: bool,
+    /// A step verifier (run after every step that changed the tree) and a phase verifier that
+    /// every phase must pass.
+    step_verifier: bool,
+    phase_verifier: bool,
 }
 
 impl Scenario {
@@ -117,7 +126,7 @@ impl Scenario {
                     let mut calls = Vec::new();
                     for _ in 0..1 + rng.below(2) {
                         item += 1;
-                        calls.push(match rng.below(10) {
+                        calls.push(match rng.below(12) {
                             0 => Call::Plan(vec![format!("item {item}"), "finish".into()]),
                             1 => Call::Note(format!("phase {p} reply {r}: noted {item}")),
                             2 | 3 => Call::Write(
@@ -127,6 +136,7 @@ impl Scenario {
                             4 | 5 => Call::Apply(format!("item-{item}")),
                             6 | 7 => Call::Post(format!("post-{item}")),
                             8 => Call::Ask(format!("phase {p}: may I go on with {item}?")),
+                            9 | 10 => Call::Run(format!("out{p}.txt"), format!("ran {item}")),
                             _ => Call::Note(format!("thinking about {item}")),
                         });
                     }
@@ -141,6 +151,8 @@ impl Scenario {
             phases,
             gate_effects: rng.chance(25),
             deadline: rng.chance(40),
+            step_verifier: rng.chance(30),
+            phase_verifier: rng.chance(30),
         }
     }
 
@@ -182,6 +194,16 @@ run = "test -f README.md"
 "#,
             script = script.display()
         );
+        if self.step_verifier {
+            c.push_str(
+                "\n[[verify]]\nname = \"step_ok\"\ntier = \"step\"\nrun = \"test -f keel.toml\"\n",
+            );
+        }
+        if self.phase_verifier {
+            c.push_str(
+                "\n[[verify]]\nname = \"phase_ok\"\ntier = \"phase\"\nrun = \"test -f .gitignore\"\n",
+            );
+        }
         if self.gate_effects || self.deadline {
             c.push_str("\n[approvals]\n");
             if self.gate_effects {
@@ -204,11 +226,15 @@ run = "test -f README.md"
                 PhaseSpec::Agent(_) => {
                     c.push_str(
                         "kind = \"agent\"\nobjective = \"Do this phase's part.\"\n\
-                         tools = [\"plan\", \"note\", \"write\", \"apply_keyed\", \"http\", \"ask\", \"finish\"]\n",
+                         tools = [\"plan\", \"note\", \"write\", \"apply_keyed\", \"http\", \"ask\", \"run\", \"finish\"]\n",
                     );
                 }
             }
-            c.push_str("done_when = []\n");
+            c.push_str(if self.phase_verifier {
+                "done_when = [\"phase_ok\"]\n"
+            } else {
+                "done_when = []\n"
+            });
             if *approval {
                 c.push_str("approval = true\n");
             }
@@ -397,9 +423,20 @@ impl World {
                 continue;
             }
             self.tick(5 + person.below(30) as i64);
-            let hash = r["payload_hash"].as_str().unwrap().to_string();
             // A rejected phase blocks the run; a rejected call only tells the agent no.
             let phase_gate = r["gate"]["gate"] == "phase";
+            if phase_gate && person.chance(25) {
+                // Meanwhile the person commits to the repository: the run's environment
+                // drifted, and it blocks on resume until they migrate it. (Only at a phase
+                // gate: keel migrates at a step boundary, and a call's request is mid-step.)
+                common::git(
+                    self.fx.root(),
+                    &["commit", "-q", "--allow-empty", "-m", "a person's commit"],
+                );
+                self.log
+                    .push(format!("request {n}: the person commits meanwhile"));
+            }
+            let hash = r["payload_hash"].as_str().unwrap().to_string();
             let approve = !person.chance(if phase_gate { 5 } else { 25 });
             let word = if approve { "approve" } else { "reject" };
             for _ in 0..1 + person.below(3) {
@@ -453,13 +490,41 @@ impl World {
             };
             let status = self.fx.status(&id);
             match state(&status) {
+                "blocked" if status["block"]["cause"] == "drift" => {
+                    // The person made the change on purpose: migrate.
+                    self.keel(
+                        &[
+                            "resume",
+                            &id,
+                            "--migrate",
+                            "--reason",
+                            "the person's commit",
+                        ],
+                        true,
+                    );
+                    continue;
+                }
                 "completed" | "failed" | "cancelled" | "blocked" => return id,
                 "awaiting_approval" | "waiting" => self.person_acts(&id, &status),
                 _ => {}
             }
             self.keel(&["resume", &id], true);
         }
-        panic!("the run did not end after sixty processes");
+        let status = self
+            .fx
+            .stored_run_id()
+            .map(|id| self.fx.status(&id))
+            .unwrap_or_default();
+        panic!(
+            "seed {} (replay: KEEL_ENGINE_SIM_SEED={} cargo test -p keel-cli --test simulation): \
+             the run did not end after sixty processes; it is {} ({}, block {})\nprocesses:\n  {}",
+            self.seed,
+            self.seed,
+            state(&status),
+            status["reason"],
+            status["block"],
+            self.log.join("\n  ")
+        );
     }
 
     fn applied(&self) -> BTreeMap<String, u64> {

@@ -1001,11 +1001,17 @@ impl Run {
                 ..
             } => {
                 self.expect_in_progress("step_finished", *step)?;
+                // The step's end recorded again: keel stopped between the step's end and its
+                // verification, and the resumed process ended it once more. Still one step.
+                let again = self.in_progress.as_ref().is_some_and(|p| p.post.is_some());
                 if let Some(p) = self.in_progress.as_mut() {
                     p.post = Some(post.clone());
                 }
                 self.step_mut("step_finished", *step)?.output = Some(output.clone());
                 if let Some(signature) = signature {
+                    if again {
+                        self.recent.pop();
+                    }
                     self.recent.push(signature.clone());
                     let excess = self.recent.len().saturating_sub(KEPT_SIGNATURES);
                     self.recent.drain(..excess);

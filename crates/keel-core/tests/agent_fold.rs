@@ -110,6 +110,12 @@ impl Log {
 
     /// One whole agent step with one allowed `write` call whose result text is `result`.
     fn step(&mut self, result: &str, signature: &str, tokens: u64) -> StepId {
+        self.step_ended(result, signature, tokens, 1)
+    }
+
+    /// A step whose end is recorded `ends` times before its verification, as when keel stops
+    /// between a step's end and its verification and the resumed process ends it again.
+    fn step_ended(&mut self, result: &str, signature: &str, tokens: u64, ends: u32) -> StepId {
         let Next::Step(id) = self.run.next() else {
             panic!("expected a step, got {:?}", self.run.next())
         };
@@ -171,22 +177,24 @@ impl Log {
             error_fingerprint: None,
             post_tree: Some(tree(1)),
         });
-        self.push(EventBody::StepFinished {
-            step: id,
-            signature: Some(signature.into()),
-            status: "decided".into(),
-            success: true,
-            duration_ms: 0,
-            cpu_ms: 0,
-            output: "o".into(),
-            post: Fingerprint {
-                tree: tree(1),
-                ..Fingerprint::default()
-            },
-            files_written: 0,
-            diff_files: 1,
-            diff_lines: 1,
-        });
+        for _ in 0..ends {
+            self.push(EventBody::StepFinished {
+                step: id,
+                signature: Some(signature.into()),
+                status: "decided".into(),
+                success: true,
+                duration_ms: 0,
+                cpu_ms: 0,
+                output: "o".into(),
+                post: Fingerprint {
+                    tree: tree(1),
+                    ..Fingerprint::default()
+                },
+                files_written: 0,
+                diff_files: 1,
+                diff_lines: 1,
+            });
+        }
         self.push(EventBody::StepVerified { step: id });
         id
     }
@@ -268,6 +276,23 @@ fn the_same_signature_three_times_is_a_repeat_and_alternation_is_ping_pong() {
     }
     log.step("r", "b", 1);
     assert_eq!(log.run.loop_detected(), Some("ping_pong"));
+}
+
+/// Found by the seeded engine simulation: a step whose end was recorded again after crashes
+/// between its end and its verification counted as the driver repeating itself, and the run
+/// was blocked for a loop it never made. One step is one signature, however often its end is
+/// recorded.
+#[test]
+fn a_steps_end_recorded_again_after_a_crash_is_not_a_repeat() {
+    let mut log = Log::new();
+    log.step("r", "a", 1);
+    log.step_ended("r", "b", 1, 3);
+    assert_eq!(log.run.loop_detected(), None, "{:?}", log.run.recent);
+    assert_eq!(log.run.recent, ["a", "b"]);
+    log.step("r", "b", 1);
+    assert_eq!(log.run.loop_detected(), None);
+    log.step("r", "b", 1);
+    assert_eq!(log.run.loop_detected(), Some("repeat"));
 }
 
 #[test]

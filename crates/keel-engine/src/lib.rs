@@ -1395,12 +1395,18 @@ impl Engine<'_> {
             "{stop}; raise it with `keel unblock {} --budget {}=+N --reason \"…\"`",
             self.run.id, stop.budget
         );
-        self.set_state(
-            RunState::Blocked,
-            &reason,
-            Some(Block::Budget(stop.clone())),
-        )?;
-        self.request_budget_raise(&stop)
+        // The block and the request to raise the budget are stored in one commit: a failure
+        // between them must not leave a block whose request never reached the inbox.
+        if self.run.state != RunState::Blocked {
+            let change = self.state_change(
+                RunState::Blocked,
+                &reason,
+                Some(Block::Budget(stop.clone())),
+            );
+            self.stage(vec![change])?;
+        }
+        self.request_budget_raise(&stop)?;
+        self.flush()
     }
 
     fn phase_outline(&self, phase: u32) -> (String, Vec<String>, u64, Vec<String>) {
@@ -1959,11 +1965,13 @@ impl Engine<'_> {
                 Some(Block::Drift { changes }),
             ));
         }
-        self.commit(bodies)?;
+        // The block and its migration request are stored in one commit (see `block_budget`).
+        self.stage(bodies)?;
         // In the middle of a step there is nothing to approve: the person puts it back.
         if mid_step.is_none() {
             self.request_migration(payload)?;
         }
+        self.flush()?;
         Ok(false)
     }
 
