@@ -3,14 +3,17 @@
 //!
 //! One seed makes everything:
 //! - the scenario: one to three phases, each a command phase (one to three commands appending
-//!   to a file) or an agent phase whose scripted driver plans, notes, writes files, calls an
-//!   outside service through `http` and through a contract tool (each with the call's
-//!   idempotency key) and asks a person a question; some phases behind a person's approval,
-//!   sometimes every irreversible call too, sometimes with a one-hour deadline on requests;
-//! - the world: a fake clock (`KEEL_CLOCK`) that places each keel process after the last one,
+//!   to a file) or an agent phase whose scripted driver plans, notes, writes files, runs shell
+//!   commands, calls an outside service through `http` and through a contract tool (each with
+//!   the call's idempotency key) and asks a person a question; sometimes a step verifier and a
+//!   phase verifier; some phases behind a person's approval, sometimes every irreversible call
+//!   too, sometimes with a one-hour deadline on requests;
+//! - the world: a fake clock (`KEEL_CLOCK`) that places each keel process after the last one;
 //!   the person's delay before each decision (sometimes past the deadline, so the request
-//!   expires and counts as rejected), and how many times each decision and answer is delivered
-//!   (one to three);
+//!   expires and counts as rejected), their rejections, a commit of theirs to the repository
+//!   while a phase waits (the run then blocks on the drift and they migrate it), and how many
+//!   times each decision and answer is delivered (one to three); whether `keel resume` or
+//!   `keel worker --once` carries the run on;
 //! - the faults, at random points of random processes: SIGKILL at any fault point of the engine
 //!   (`KEEL_CRASH_AT`: before and after every commit, while a command runs, between an effect's
 //!   intent and its result, in recovery itself), a commit that fails with an I/O error and one
@@ -18,14 +21,15 @@
 //!
 //! The same scenario and world without faults is the reference. Every seed's run must keep
 //! every invariant of `keel_test_support::invariants`, the service must have applied each key
-//! at most once and each `done` effect exactly once, no process may panic, and the run must end
-//! where the reference ends: the same outcome (state, phases, verdicts, effects, approvals,
-//! plan, notes, model calls), the same answers and the same files.
+//! at most once and each `done` effect exactly once, no process may panic or hang, and the run
+//! must end where the reference ends: the same outcome (state, phases, verdicts, effects,
+//! approvals, plan, notes, model calls), the same answers and the same files.
 //!
-//! `KEEL_ENGINE_SIM_SEEDS=N` runs N seeds (default 128, in four tests side by side: every seed
-//! starts a few dozen processes); `KEEL_ENGINE_SIM_SEED=S` replays one. A failure prints its
-//! seed, the scenario and the processes it ran with their faults; nothing depends on the real
-//! time or on the order of a hash map, so the seed replays the same scenario, world and faults.
+//! `KEEL_ENGINE_SIM_SEEDS=N` runs seeds 0 to N-1 (default 128, in four tests side by side:
+//! every seed starts a few dozen processes); `KEEL_ENGINE_SIM_SEED=S` replays one and prints
+//! what it did. A failure prints its seed, the scenario, the processes it ran with their faults
+//! and both runs' logs; nothing depends on the real time or on the order of a hash map, so the
+//! seed replays the same scenario, world and faults.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -288,6 +292,8 @@ struct World {
     faulty_processes: u32,
     /// Faults that struck: a process killed, a commit failed.
     hits: u32,
+    /// Whether the next process to carry the run on is `keel resume` or `keel worker --once`.
+    carrier: Rng,
     log: Vec<String>,
 }
 
@@ -305,6 +311,7 @@ impl World {
             faults: faults.then_some(Rng(seed ^ 0x5EED_FA17)),
             faulty_processes: 0,
             hits: 0,
+            carrier: Rng(seed ^ 0x0C0F_FEE0 ^ u64::from(faults)),
             log: Vec::new(),
         };
         (world, outside)
@@ -508,7 +515,13 @@ impl World {
                 "awaiting_approval" | "waiting" => self.person_acts(&id, &status),
                 _ => {}
             }
-            self.keel(&["resume", &id], true);
+            // The run is carried on by `keel resume`, or by a worker that claims what is
+            // runnable (a dead process's run, an answered request).
+            if self.carrier.chance(30) {
+                self.keel(&["worker", "--once", "--poll", "10ms"], true);
+            } else {
+                self.keel(&["resume", &id], true);
+            }
         }
         let status = self
             .fx

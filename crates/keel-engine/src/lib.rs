@@ -1279,20 +1279,16 @@ impl Engine<'_> {
             }
             // Every move records something (an event, staged or stored) or changes the state;
             // the same move from the same place again would repeat forever.
-            let here = (
-                self.run.seq,
-                self.staged.len(),
-                self.run.state,
-                self.run.next(),
-            );
+            let next = self.run.next();
+            let here = (self.run.seq, self.staged.len(), self.run.state, next);
             if last.as_ref() == Some(&here) {
                 return Err(EngineError::Stuck {
                     run: self.run.id.clone(),
-                    at: format!("{:?} in state {}", here.3, here.2),
+                    at: format!("{next:?} in state {}", self.run.state),
                 });
             }
             last = Some(here);
-            match self.run.next() {
+            match next {
                 Next::Stop => return Ok(()),
                 Next::RequestApproval(phase) => self.request_phase_approval(phase)?,
                 Next::Recover(step) if self.is_agent_phase(step.phase) => {
