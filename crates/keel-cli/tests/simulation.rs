@@ -3,7 +3,7 @@
 //!
 //! One seed makes everything:
 //! - the scenario: one to three phases, each a command phase (one to three commands appending
-//!   to a file) or an agent phase whose scripted driver plans, notes, writes files, runs shell
+//!   to a file, now and then one that always fails) or an agent phase whose scripted driver plans, notes, writes files, runs shell
 //!   commands, calls an outside service through `http` and through a contract tool (each with
 //!   the call's idempotency key) and asks a person a question; sometimes a step verifier and a
 //!   phase verifier; some phases behind a person's approval, sometimes every irreversible call
@@ -119,9 +119,19 @@ impl Scenario {
         for p in 0..n {
             let spec = if rng.chance(40) {
                 let steps = 1 + rng.below(3);
+                // Now and then a step that always fails: the run blocks there.
+                let failing = rng.chance(10).then(|| rng.below(steps));
                 PhaseSpec::Command(
                     (0..steps)
-                        .map(|s| format!("printf 'phase {p} step {s}\\n' >> cmd{p}.txt"))
+                        .map(|s| {
+                            if failing == Some(s) {
+                                format!(
+                                    "printf 'phase {p} step {s} fails\\n' >> cmd{p}.txt; exit 3"
+                                )
+                            } else {
+                                format!("printf 'phase {p} step {s}\\n' >> cmd{p}.txt")
+                            }
+                        })
                         .collect(),
                 )
             } else {
