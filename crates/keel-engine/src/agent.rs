@@ -103,9 +103,6 @@ impl Engine<'_> {
 
     /// Runs (or continues, after a crash) the agent step `id`.
     pub(crate) fn agent_step(&mut self, id: StepId) -> Result<(), EngineError> {
-        let (objective, tool_names, timeout_ms) = self.agent_phase(id.phase);
-        let tool_names = self.mcp.expand(&tool_names);
-        let specs: Vec<ToolSpec> = tool_names.iter().filter_map(|t| self.spec_of(t)).collect();
         if self.run.in_progress.is_none()
             && self.run.state == RunState::Executing
             && let Some(q) = self.run.pending_question().cloned()
@@ -114,6 +111,9 @@ impl Engine<'_> {
             // written before the wait was stored with the step's end can be here).
             return self.wait_for_answer(&q);
         }
+        let (objective, tool_names, timeout_ms) = self.agent_phase(id.phase);
+        let tool_names = self.mcp.expand(&tool_names);
+        let specs: Vec<ToolSpec> = tool_names.iter().filter_map(|t| self.spec_of(t)).collect();
         if self.run.in_progress.is_none() {
             let mut bodies = Vec::new();
             if self.run.state != RunState::Executing {
@@ -178,9 +178,8 @@ impl Engine<'_> {
                 Some(c) if c.finished || c.decision == Decision::Deny => verdict,
                 Some(c) if c.decision == Decision::NeedsApproval => {
                     // The call waited for a person; their decision is recorded as the call's.
-                    let gate = Gate::ToolCall { step: id, call: i };
-                    match self.call_approval(gate.clone()) {
-                        Some((n, d)) if d.approve => {
+                    match self.call_approval(Gate::ToolCall { step: id, call: i }) {
+                        Some((n, Some(d))) if d.approve => {
                             let verdict = Verdict {
                                 decision: Decision::Allow,
                                 rule: format!("approved by {} (request {n}): {}", d.by, d.reason),
@@ -190,7 +189,7 @@ impl Engine<'_> {
                             self.execute(id, i, call, &verdict, timeout_ms)?;
                             verdict
                         }
-                        Some((n, d)) => {
+                        Some((n, Some(d))) => {
                             let verdict = Verdict {
                                 decision: Decision::Deny,
                                 rule: format!(
@@ -202,10 +201,8 @@ impl Engine<'_> {
                             self.decide_call(id, i, call, &verdict)?;
                             verdict
                         }
-                        // Not decided yet: the run waits.
-                        None if self.run.approvals.iter().any(|a| a.request.gate == gate) => {
-                            return Ok(());
-                        }
+                        // Asked, not decided yet: the run waits.
+                        Some((_, None)) => return Ok(()),
                         // keel stopped after deciding to ask and before the request was
                         // stored: ask now.
                         None => return self.request_call_approval(id, i, call, &verdict),
@@ -233,8 +230,8 @@ impl Engine<'_> {
                                 None if e.status == EffectStatus::Intended => {
                                     return self.request_reconciliation(id, i, call, &key);
                                 }
-                                None => return Ok(()),
-                                Some((n, d)) if !d.approve => {
+                                None | Some((_, None)) => return Ok(()),
+                                Some((n, Some(d))) if !d.approve => {
                                     self.commit(vec![EventBody::ToolCallFinished {
                                         step: id,
                                         call: i,
@@ -251,7 +248,7 @@ impl Engine<'_> {
                                         post_tree: Some(self.env.git.worktree_tree()?),
                                     }])?;
                                 }
-                                Some(_) => {
+                                Some((_, Some(_))) => {
                                     self.restore_call_tree(&c)?;
                                     self.execute(id, i, call, &verdict, timeout_ms)?;
                                 }
@@ -470,14 +467,15 @@ impl Engine<'_> {
         }
     }
 
-    /// The decision on the request guarding `gate`, once there is one.
-    fn call_approval(&self, gate: Gate) -> Option<(u32, keel_core::run::ApprovalDecision)> {
+    /// The newest request guarding `gate`, if one was made: its number and, once a person
+    /// decided, the decision.
+    fn call_approval(&self, gate: Gate) -> Option<(u32, Option<keel_core::run::ApprovalDecision>)> {
         self.run
             .approvals
             .iter()
             .rev()
             .find(|a| a.request.gate == gate)
-            .and_then(|a| a.decision.clone().map(|d| (a.request.n, d)))
+            .map(|a| (a.request.n, a.decision.clone()))
     }
 
     /// Puts the tree back to where an interrupted call started.
@@ -1245,9 +1243,9 @@ impl Engine<'_> {
     }
 
     /// After the calls: changes outside the scope are undone and recorded, the step's result is
-    /// recorded, and step verifiers judge a changed workspace.
-    /// Records the step's end (and its verification). `then` is the state the step leads to,
-    /// stored in the same commit as the step's last event.
+    /// recorded, and step verifiers judge a changed workspace. `then` is the state the step
+    /// leads to (waiting for its question, the driver's stop), stored in the same commit as the
+    /// step's last event.
     fn finish_agent_step(
         &mut self,
         id: StepId,
