@@ -98,7 +98,9 @@ pub fn run_program(
             "an empty command",
         ));
     };
-    let mut cmd = Command::new(first);
+    // The command's shell dies when keel dies (for example by SIGKILL), so a crashed run does
+    // not leave its step running beside the one that resumes it.
+    let mut cmd = keel_git::spawn::dying_with_keel(first.as_ref(), Signal::SIGKILL);
     cmd.args(rest).current_dir(dir);
     for (k, v) in env {
         cmd.env(k, v);
@@ -109,7 +111,6 @@ pub fn run_program(
             cmd.env_remove(name);
         }
     }
-    die_with_parent(&mut cmd);
     let (outcome, _) = spawn_and_wait(cmd, output, timeout, input)?;
     Ok(outcome)
 }
@@ -128,9 +129,9 @@ fn spawn_and_wait(
         Some(path) => Stdio::from(File::open(path)?),
         None => Stdio::null(),
     };
-    // The caller makes the command die with keel: an unconfined one through a pre-exec hook,
-    // the sandbox helper by itself after exec (so it is started with `posix_spawn`, which does
-    // not copy keel's memory map).
+    // The caller makes the command die with keel: an unconfined one through
+    // `keel_git::spawn::dying_with_keel`, the sandbox helper by itself after exec (both are
+    // started without a fork, which would copy keel's memory map).
     cmd.stdin(stdin).stdout(out).stderr(err).process_group(0);
     let cpu_before = cpu_ms_of_children();
     let started = Instant::now();
@@ -406,20 +407,6 @@ impl Confinement {
 fn humanise(d: Duration) -> String {
     keel_core::budget::BudgetName::WallTime
         .format_amount(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// The command's shell dies when keel dies (for example by SIGKILL), so a crashed run does not
-/// leave its step running beside the one that resumes it.
-#[allow(unsafe_code)]
-fn die_with_parent(cmd: &mut Command) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which is
-    // async-signal-safe and touches no memory shared with the parent.
-    unsafe {
-        cmd.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
-        });
-    }
 }
 
 #[cfg(test)]

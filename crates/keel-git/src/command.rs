@@ -84,9 +84,8 @@ impl<'a> Invocation<'a> {
     /// git gets SIGTERM when keel dies (also by SIGKILL), for commands that change what the
     /// user or a resumed keel sees (a ref, files in the working tree): a crash must not leave
     /// one running beside the keel that resumes the run. Other commands only read, or write
-    /// objects and keel's own temporary index, and are left to finish; they are started with
-    /// `posix_spawn`, which does not copy keel's memory map as `fork` does (the pre-exec hook
-    /// that sets the signal forces a `fork`, whose cost grows with keel's memory and threads).
+    /// objects and keel's own temporary index, and are left to finish. Both kinds start
+    /// without a `fork` where the system allows (see [`crate::spawn`]).
     pub(crate) fn dies_with_keel(mut self) -> Self {
         self.dies_with_keel = true;
         self
@@ -143,10 +142,14 @@ impl<'a> Invocation<'a> {
     /// Runs git and returns its output whatever the exit status.
     pub(crate) fn output(&self) -> Result<Output, GitError> {
         PROCESSES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut command = Command::new("git");
-        if self.dies_with_keel {
-            terminate_with_parent(&mut command);
-        }
+        let git = crate::spawn::program_path("git");
+        let mut command = if self.dies_with_keel {
+            // SIGTERM, not SIGKILL: git removes its lock files when terminated, and a lock
+            // file left behind would block the next write.
+            crate::spawn::dying_with_keel(git.as_os_str(), nix::sys::signal::Signal::SIGTERM)
+        } else {
+            Command::new(git)
+        };
         command.current_dir(self.cwd);
         for config in FORCED_CONFIG {
             command.arg("-c").arg(config);
@@ -254,22 +257,6 @@ fn quote(arg: &OsStr) -> String {
         text.into_owned()
     } else {
         format!("'{}'", text.replace('\'', r"'\''"))
-    }
-}
-
-/// git gets SIGTERM when keel dies (also by SIGKILL), so a crash does not leave a git
-/// process running beside the keel that resumes the run. SIGTERM, not SIGKILL: git removes
-/// its lock files when terminated, and a lock file left behind would block the next write.
-#[allow(unsafe_code)]
-fn terminate_with_parent(command: &mut Command) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which
-    // is async-signal-safe and touches no memory shared with the parent.
-    unsafe {
-        command.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
-                .map_err(std::io::Error::from)
-        });
     }
 }
 

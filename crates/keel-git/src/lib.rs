@@ -22,6 +22,7 @@
 
 mod command;
 mod error;
+pub mod spawn;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -461,9 +462,15 @@ impl Git {
         Ok(changed)
     }
 
-    /// `git --version`, trimmed: "git version 2.47.3".
+    /// `git --version`, trimmed: "git version 2.47.3". Asked once per process: keel runs the
+    /// same git binary (found once, see [`spawn::program_path`]) for as long as it lives.
     pub fn version(&self) -> Result<String, GitError> {
-        self.git().arg("--version").run_line("a version line")
+        static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        if let Some(version) = VERSION.get() {
+            return Ok(version.clone());
+        }
+        let version = self.git().arg("--version").run_line("a version line")?;
+        Ok(VERSION.get_or_init(|| version).clone())
     }
 
     /// Id of the empty tree (for diffs from an unborn HEAD); the object is written, so any git
