@@ -93,7 +93,8 @@ impl From<StoreError> for ApiError {
             | StoreError::Io { .. }
             | StoreError::Decode { .. }
             | StoreError::Projection { .. }
-            | StoreError::NewerSchema { .. } => ApiError::internal(message),
+            | StoreError::NewerSchema { .. }
+            | StoreError::DamagedBlob { .. } => ApiError::internal(message),
         }
     }
 }

@@ -9,6 +9,7 @@
 //! Large payloads live in the content-addressed [`Artifacts`] store beside the database.
 
 mod artifacts;
+mod blob;
 mod fault;
 mod group;
 mod schema;
@@ -84,6 +85,10 @@ pub enum StoreError {
         found: i64,
         known: i64,
     },
+    #[error(
+        "artifact {hash} in the store is damaged: {reason}; `keel verify-log` lists what else is"
+    )]
+    DamagedBlob { hash: String, reason: String },
 }
 
 impl StoreError {
@@ -180,7 +185,8 @@ pub struct Store {
     path: PathBuf,
     artifacts: Artifacts,
     /// Small artifacts waiting for the next commit, which stores them in its transaction.
-    pending_blobs: std::cell::RefCell<Vec<(String, Vec<u8>)>>,
+    /// Small artifacts waiting for the next commit: hash, codec (see `blob`), stored bytes.
+    pending_blobs: std::cell::RefCell<Vec<(String, i64, Vec<u8>)>>,
     /// The `steps` and `budgets` rows this connection last wrote for each run it holds, so a
     /// commit rewrites only the rows that changed (a long run has thousands of steps).
     rows: std::cell::RefCell<std::collections::HashMap<String, Rows>>,
@@ -271,8 +277,9 @@ impl Store {
         let bytes = self.artifacts.scrub(bytes);
         let hash = blake3::hash(&bytes).to_hex().to_string();
         let mut pending = self.pending_blobs.borrow_mut();
-        if !pending.iter().any(|(h, _)| *h == hash) {
-            pending.push((hash.clone(), bytes.into_owned()));
+        if !pending.iter().any(|(h, _, _)| *h == hash) {
+            let (codec, stored) = blob::encode(&bytes);
+            pending.push((hash.clone(), codec, stored.into_owned()));
         }
         Ok(hash)
     }
@@ -283,9 +290,11 @@ impl Store {
             b.truncate(limit);
             b
         };
-        if let Some((_, b)) = self.pending_blobs.borrow().iter().find(|(h, _)| h == hash) {
-            return Ok(cut(b.clone()));
+        let pending = self.pending_blobs.borrow();
+        if let Some((_, codec, b)) = pending.iter().find(|(h, _, _)| h == hash) {
+            return Ok(cut(blob::decode(hash, *codec, b.clone())?));
         }
+        drop(pending);
         match self.blob(hash)? {
             Some(b) => Ok(cut(b)),
             None => self.artifacts.read(hash, limit),
@@ -295,19 +304,27 @@ impl Store {
     /// Whether the artifact exists (in the store or as a file) and still has the content its
     /// name says.
     pub fn verify_artifact(&self, hash: &str) -> Result<bool, StoreError> {
-        match self.blob(hash)? {
-            Some(b) => Ok(blake3::hash(&b).to_hex().as_str() == hash),
-            None => self.artifacts.verify(hash),
+        match self.blob(hash) {
+            Ok(Some(b)) => Ok(blake3::hash(&b).to_hex().as_str() == hash),
+            Ok(None) => self.artifacts.verify(hash),
+            Err(StoreError::DamagedBlob { .. }) => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
+    /// A small artifact's bytes from the `blobs` table, decoded.
     fn blob(&self, hash: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.conn
-            .query_row("SELECT bytes FROM blobs WHERE hash = ?1", [hash], |r| {
-                r.get(0)
+        let stored: Option<(i64, Vec<u8>)> = self
+            .conn
+            .prepare_cached("SELECT codec, bytes FROM blobs WHERE hash = ?1")
+            .and_then(|mut q| {
+                q.query_row([hash], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()
             })
-            .optional()
-            .map_err(|e| self.sql(e))
+            .map_err(|e| self.sql(e))?;
+        stored
+            .map(|(codec, bytes)| blob::decode(hash, codec, bytes))
+            .transpose()
     }
 
     pub fn path(&self) -> &Path {
@@ -927,15 +944,15 @@ fn stored_rows(
 /// Writes the artifacts waiting for a commit into its transaction.
 fn write_blobs(
     tx: &rusqlite::Transaction<'_>,
-    pending: &[(String, Vec<u8>)],
+    pending: &[(String, i64, Vec<u8>)],
 ) -> Result<(), rusqlite::Error> {
     if pending.is_empty() {
         return Ok(());
     }
     let mut insert =
-        tx.prepare_cached("INSERT OR IGNORE INTO blobs (hash, bytes) VALUES (?1, ?2)")?;
-    for (hash, bytes) in pending {
-        insert.execute(params![hash, bytes])?;
+        tx.prepare_cached("INSERT OR IGNORE INTO blobs (hash, codec, bytes) VALUES (?1, ?2, ?3)")?;
+    for (hash, codec, bytes) in pending {
+        insert.execute(params![hash, codec, bytes])?;
     }
     Ok(())
 }

@@ -99,6 +99,9 @@ const MIGRATIONS: &[&str] = &[
     INSERT INTO projections (run_id, seq, body) SELECT id, projection_seq, projection FROM runs;
     ALTER TABLE runs DROP COLUMN projection;
     ALTER TABLE runs DROP COLUMN projection_seq;",
+    // 5: a small artifact may be stored compressed (0 = as it is, 1 = one zstd frame); the
+    // blobs already stored keep their bytes as they are.
+    "ALTER TABLE blobs ADD COLUMN codec INTEGER NOT NULL DEFAULT 0;",
 ];
 
 pub(crate) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {

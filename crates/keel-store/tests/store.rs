@@ -407,3 +407,103 @@ fn a_damaged_event_after_the_projection_ends_the_fold_there() {
     let read = store.run("r1").unwrap();
     assert_eq!(read.seq, run3.seq - 1, "folded up to the damaged event");
 }
+
+/// Commits one artifact with a step's events and returns its hash.
+fn commit_artifact(store: &mut Store, id: &str, bytes: &[u8]) -> String {
+    let (e, run) = created(id);
+    let lease = store.create_run(&e, &run, "me", 0, 1000).unwrap();
+    let hash = store.put_artifact(bytes).unwrap();
+    let (events, run2) = next(&run, vec![resumed(1)]);
+    store.commit(&lease, &events, &run2, None, 0).unwrap();
+    hash
+}
+
+fn stored_blob(dir: &tempfile::TempDir, hash: &str) -> (i64, Vec<u8>) {
+    rusqlite_open(dir)
+        .query_row(
+            "SELECT codec, bytes FROM blobs WHERE hash = ?1",
+            [hash],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap()
+}
+
+/// A step's request, the kind of artifact that fills the store: text that repeats itself.
+fn request_like() -> Vec<u8> {
+    (0..300)
+        .map(|i| format!("{{\"role\":\"tool\",\"content\":\"note {i}: the build passes\"}}\n"))
+        .collect::<String>()
+        .into_bytes()
+}
+
+#[test]
+fn a_compressible_artifact_is_stored_compressed_and_read_back_whole() {
+    let (dir, mut store) = open();
+    let text = request_like();
+    let hash = commit_artifact(&mut store, "r1", &text);
+    let (codec, bytes) = stored_blob(&dir, &hash);
+    assert_eq!(codec, 1, "stored as one zstd frame");
+    assert!(
+        bytes.len() * 3 < text.len(),
+        "{} of {}",
+        bytes.len(),
+        text.len()
+    );
+    assert_eq!(store.read_artifact(&hash, usize::MAX).unwrap(), text);
+    assert_eq!(store.read_artifact(&hash, 10).unwrap(), &text[..10]);
+    assert!(store.verify_artifact(&hash).unwrap());
+    // A short one is kept as it is.
+    let short = commit_artifact(&mut store, "r2", b"exit 0");
+    assert_eq!(stored_blob(&dir, &short), (0, b"exit 0".to_vec()));
+    assert_eq!(store.read_artifact(&short, usize::MAX).unwrap(), b"exit 0");
+}
+
+#[test]
+fn a_damaged_compressed_artifact_is_reported_and_never_returned() {
+    let (dir, mut store) = open();
+    let hash = commit_artifact(&mut store, "r1", &request_like());
+    let (_, mut bytes) = stored_blob(&dir, &hash);
+    bytes.truncate(bytes.len() / 2);
+    rusqlite_open(&dir)
+        .execute(
+            "UPDATE blobs SET bytes = ?2 WHERE hash = ?1",
+            rusqlite::params![hash, bytes],
+        )
+        .unwrap();
+    let err = store.read_artifact(&hash, usize::MAX).unwrap_err();
+    assert!(
+        matches!(&err, StoreError::DamagedBlob { hash: h, .. } if *h == hash),
+        "{err}"
+    );
+    assert!(err.to_string().contains("keel verify-log"), "{err}");
+    assert!(!store.verify_artifact(&hash).unwrap());
+}
+
+/// A store written before compression (schema 4: `blobs` has no `codec`) is migrated and its
+/// blobs read as they were stored; new blobs beside them are compressed.
+#[test]
+fn a_store_from_before_compression_keeps_reading_its_blobs() {
+    let (dir, mut store) = open();
+    let text = request_like();
+    // Stored as keel before schema 5 stored it: the bytes as they are, no codec column.
+    let old = blake3::hash(&text).to_hex().to_string();
+    drop(store);
+    let conn = rusqlite_open(&dir);
+    conn.execute_batch("ALTER TABLE blobs DROP COLUMN codec; PRAGMA user_version = 4;")
+        .unwrap();
+    conn.execute(
+        "INSERT INTO blobs (hash, bytes) VALUES (?1, ?2)",
+        rusqlite::params![old, text],
+    )
+    .unwrap();
+    drop(conn);
+    store = Store::open(&dir.path().join(".keel/keel.db")).unwrap();
+    assert_eq!(stored_blob(&dir, &old), (0, text.clone()));
+    assert_eq!(store.read_artifact(&old, usize::MAX).unwrap(), text);
+    assert!(store.verify_artifact(&old).unwrap());
+    let mut newer = text.clone();
+    newer.extend_from_slice(b"and one more line\n");
+    let new = commit_artifact(&mut store, "r1", &newer);
+    assert_eq!(stored_blob(&dir, &new).0, 1);
+    assert_eq!(store.read_artifact(&new, usize::MAX).unwrap(), newer);
+}

@@ -148,23 +148,16 @@ impl Fixture {
         rusqlite::Connection::open(self.path(".keel/keel.db")).expect("store opens")
     }
 
-    /// The id of the run in this workspace's store, if one was created (a process killed early
-    /// may have died before printing it).
-    /// An artifact's bytes: small ones live in the store's `blobs` table, large ones in files
-    /// under `.keel/artifacts/`.
+    /// An artifact's bytes, read through keel's store (small ones live in its `blobs` table,
+    /// maybe compressed; large ones in files under `.keel/artifacts/`).
     pub fn artifact(&self, hash: &str) -> Vec<u8> {
-        let stored: Option<Vec<u8>> = self
-            .db()
-            .query_row("SELECT bytes FROM blobs WHERE hash = ?1", [hash], |r| {
-                r.get(0)
-            })
-            .ok();
-        stored.unwrap_or_else(|| {
-            let path = self.path(&format!(".keel/artifacts/{}/{hash}", &hash[..2]));
-            std::fs::read(&path).unwrap_or_else(|e| panic!("artifact {hash}: {e}"))
-        })
+        keel_store::Store::open(&self.path(".keel/keel.db"))
+            .and_then(|store| store.read_artifact(hash, usize::MAX))
+            .unwrap_or_else(|e| panic!("artifact {hash}: {e}"))
     }
 
+    /// The id of the run in this workspace's store, if one was created (a process killed early
+    /// may have died before printing it).
     pub fn stored_run_id(&self) -> Option<String> {
         if !self.path(".keel/keel.db").exists() {
             return None;
