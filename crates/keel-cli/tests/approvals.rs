@@ -375,11 +375,7 @@ fn with_each_commit_failing(contract: &str, script: &str, check: impl Fn(&Fixtur
     std::fs::write(twin.path("actions.jsonl"), script).unwrap();
     let (_, out) = twin.start(&[("KEEL_STORE_FAULT_TRACE", trace.display().to_string())]);
     common::assert_no_panic(&out, "the run without a fault");
-    let commits = std::fs::read_to_string(&trace)
-        .unwrap()
-        .lines()
-        .filter(|l| l.starts_with("commit"))
-        .count();
+    let commits = common::traced(&trace, "commit");
     assert!(commits >= 3, "the first process commits {commits} times");
     for n in 1..=commits {
         for fault in ["commit-error", "commit-lost-ack"] {

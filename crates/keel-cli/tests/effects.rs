@@ -563,3 +563,76 @@ done_when = []
     assert_eq!(effects.as_array().unwrap().len(), 1, "{effects:#}");
     assert_eq!(effects[0]["status"], "done");
 }
+
+/// Found by the seeded engine simulation. A call's request that nobody decided in time counts
+/// as rejected, as the README says: the driver is told no and works on (keel used to block the
+/// run). And the decision by expiry is stored in the same commit as what it leads to: it used to
+/// be a commit of its own, and a run found with the decision but not the next state was taken
+/// for one a person had rejected, so a failed commit between the two changed how the run ended.
+/// Each commit of the resume that finds the request expired fails here in turn; every run ends
+/// as the one without a fault does.
+#[test]
+fn an_expired_call_request_counts_as_rejected_and_the_driver_works_on() {
+    let outside = tempfile::tempdir().unwrap();
+    let lines = [
+        json!({"tool": "publish", "args": {"item": "x"}}),
+        json!({"tool": "finish", "args": {"summary": "nothing was published"}}),
+    ];
+    let contract = gated_publish(outside.path(), &lines).replace(
+        "require = [\"irreversible\"]",
+        "require = [\"irreversible\"]\nexpires = \"1ms\"",
+    );
+    let ends_as_it_should = |f: &Fixture, id: &str, what: &str| {
+        let status = f.status(id);
+        assert_eq!(state(&status), "completed", "{what}: {status:#}");
+        assert_eq!(
+            status["approvals"][0]["decision"]["via"], "expiry",
+            "{what}"
+        );
+        assert!(!f.path("published.txt").exists(), "{what}: the call ran");
+        let events = f.events(id);
+        let decided = of_kind(&events, "approval_decided");
+        assert_eq!(decided.len(), 1, "{what}: decided once");
+        // The driver was told no: the call's decision names the rejection by expiry.
+        let told = of_kind(&events, "policy_decision");
+        assert!(
+            told.iter().any(|e| {
+                let body = e.to_string();
+                body.contains("a person rejected this call") && body.contains("deadline")
+            }),
+            "{what}: {told:#?}"
+        );
+        f.verify_log_ok(id);
+    };
+    let trace = outside.path().join("commits");
+    let twin = Fixture::new(&contract);
+    let (id, out) = twin.start(&[]);
+    assert_eq!(out.status.code(), Some(3), "{}", twin.explain(&out));
+    let out = twin
+        .keel()
+        .args(["resume", &id])
+        .env("KEEL_STORE_FAULT_TRACE", &trace)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", twin.explain(&out));
+    ends_as_it_should(&twin, &id, "without a fault");
+    let commits = common::traced(&trace, "commit");
+    assert!(commits >= 2, "the resume commits {commits} times");
+    for n in 1..=commits {
+        for fault in ["commit-error", "commit-lost-ack"] {
+            let what = format!("{fault}@{n}");
+            let f = Fixture::new(&contract);
+            let (id, _) = f.start(&[]);
+            let out = f
+                .keel()
+                .args(["resume", &id])
+                .env("KEEL_STORE_FAULT", &what)
+                .output()
+                .unwrap();
+            common::assert_no_panic(&out, &what);
+            let out = f.run(&["resume", &id]);
+            common::assert_no_panic(&out, &what);
+            ends_as_it_should(&f, &id, &what);
+        }
+    }
+}

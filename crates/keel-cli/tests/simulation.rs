@@ -3,17 +3,21 @@
 //!
 //! One seed makes everything:
 //! - the scenario: one to three phases, each a command phase (one to three commands appending
-//!   to a file, now and then one that always fails) or an agent phase whose scripted driver plans, notes, writes files, runs shell
-//!   commands, calls an outside service through `http` and through a contract tool (each with
-//!   the call's idempotency key) and asks a person a question; sometimes a step verifier and a
-//!   phase verifier; some phases behind a person's approval, sometimes every irreversible call
-//!   too, sometimes with a one-hour deadline on requests;
+//!   to a file, now and then one that always fails) or an agent phase whose scripted driver
+//!   plans, notes, writes files, runs shell commands, calls an outside service through `http`
+//!   and through a contract tool (each with the call's idempotency key) and asks a person a
+//!   question; sometimes a step verifier and a phase verifier; some phases behind a person's
+//!   approval, sometimes every irreversible call too, sometimes with a one-hour deadline on
+//!   requests;
 //! - the world: a fake clock (`KEEL_CLOCK`) that places each keel process after the last one;
 //!   the person's delay before each decision (sometimes past the deadline, so the request
 //!   expires and counts as rejected), their rejections, a commit of theirs to the repository
 //!   while a phase waits (the run then blocks on the drift and they migrate it), and how many
-//!   times each decision and answer is delivered (one to three); whether `keel resume` or
-//!   `keel worker --once` carries the run on;
+//!   times each decision and answer is delivered (one to three); incident holds the person puts
+//!   on and lifts while the run waits (`keel freeze`/`unfreeze`, each delivered once or twice,
+//!   with a `keel resume` or worker between them that must leave the frozen run as it is), and
+//!   runs they cancel instead of deciding; whether `keel resume` or `keel worker --once`
+//!   carries the run on;
 //! - the faults, at random points of random processes: SIGKILL at any fault point of the engine
 //!   (`KEEL_CRASH_AT`: before and after every commit, while a command runs, between an effect's
 //!   intent and its result, in recovery itself), a commit that fails with an I/O error and one
@@ -422,7 +426,8 @@ impl World {
 
     /// A person decides every undecided request (after a delay the seed gives; past the
     /// deadline, they do not answer and the request expires) and answers every unanswered
-    /// question, each delivery one to three times.
+    /// question, each delivery one to three times. Now and then they first put the run on an
+    /// incident hold and lift it, or cancel the run instead of deciding.
     fn person_acts(&mut self, id: &str, status: &Value) {
         let empty = Vec::new();
         for r in status["approvals"].as_array().unwrap_or(&empty) {
@@ -438,6 +443,20 @@ impl World {
                 self.log
                     .push(format!("request {n}: the person is too late"));
                 continue;
+            }
+            // Now and then the person puts the run on an incident hold while they think, or
+            // cancels it instead of deciding.
+            if person.chance(25) {
+                self.hold(id, n);
+                self.log
+                    .push(format!("request {n}: the person held the run meanwhile"));
+            }
+            if person.chance(6) {
+                self.deliver(id, &["cancel", id, "--reason", "simulated person"], |s| {
+                    state(s) == "failed"
+                });
+                self.log.push(format!("request {n}: the person cancels"));
+                return;
             }
             self.tick(5 + person.below(30) as i64);
             // A rejected phase blocks the run; a rejected call only tells the agent no.
@@ -483,6 +502,11 @@ impl World {
             }
             let n = q["n"].as_u64().unwrap();
             let mut person = self.person(2, n);
+            if person.chance(25) {
+                self.hold(id, 1 << 32 | n);
+                self.log
+                    .push(format!("question {n}: the person held the run meanwhile"));
+            }
             self.tick(1 + person.below(10) as i64);
             let text = format!("answer {n}: go on");
             for _ in 0..1 + person.below(3) {
@@ -494,6 +518,60 @@ impl World {
                     self.fx.explain(&out)
                 );
             }
+        }
+    }
+
+    /// A person's command, given again until what it asks for shows in the run's status (its
+    /// process may be given a fault, like any other; the person sees it fail and repeats it).
+    fn deliver(&mut self, id: &str, args: &[&str], done: impl Fn(&Value) -> bool) {
+        for _ in 0..10 {
+            let (out, _) = self.keel(args, true);
+            let status = self.fx.status(id);
+            if done(&status) {
+                return;
+            }
+            assert!(
+                out.status.code() != Some(0),
+                "keel {args:?} succeeded and did not do it: {status}\n{}",
+                self.fx.explain(&out)
+            );
+        }
+        panic!(
+            "seed {}: keel {args:?} did not take after ten deliveries\nprocesses:\n  {}",
+            self.seed,
+            self.log.join("\n  ")
+        );
+    }
+
+    /// An incident hold: the run is frozen, whoever carries it on meanwhile (`keel resume` or a
+    /// worker) leaves it as it is, then the hold is lifted, each delivered once or twice.
+    fn hold(&mut self, id: &str, n: u64) {
+        let mut person = self.person(3, n);
+        for _ in 0..1 + person.below(2) {
+            self.deliver(id, &["freeze", id, "--reason", "an incident"], |s| {
+                s["frozen"] == true
+            });
+        }
+        let before = self.fx.status(id);
+        if self.carrier.chance(30) {
+            self.keel(&["worker", "--once", "--poll", "10ms"], true);
+        } else {
+            self.keel(&["resume", id], true);
+        }
+        let after = self.fx.status(id);
+        for key in ["state", "frozen", "events", "approvals", "questions"] {
+            assert_eq!(
+                before[key],
+                after[key],
+                "seed {}: a frozen run moved ({key})\nprocesses:\n  {}",
+                self.seed,
+                self.log.join("\n  ")
+            );
+        }
+        for _ in 0..1 + person.below(2) {
+            self.deliver(id, &["unfreeze", id, "--reason", "over"], |s| {
+                s["frozen"] == false
+            });
         }
     }
 
@@ -598,6 +676,9 @@ struct Seed {
     /// Requests the person let expire, and decisions that were rejections.
     late: u32,
     rejected: u32,
+    /// Incident holds the person put on and lifted, and runs they cancelled.
+    held: u32,
+    cancelled: u32,
     end: String,
 }
 
@@ -671,6 +752,12 @@ fn simulate(seed: u64) -> Result<Seed, String> {
             .iter()
             .filter(|l| l.starts_with("keel reject"))
             .count() as u32,
+        held: faulty
+            .log
+            .iter()
+            .filter(|l| l.contains("held the run"))
+            .count() as u32,
+        cancelled: faulty.log.iter().filter(|l| l.contains("cancels")).count() as u32,
         end: format!("{:?}", got.0.state),
     })
 }
@@ -698,6 +785,7 @@ fn shard(shard: u64) {
         }
     };
     let (mut faulty, mut hits, mut processes, mut late, mut rejected) = (0, 0, 0, 0, 0);
+    let (mut held, mut cancelled) = (0, 0);
     let mut ends: BTreeMap<String, u32> = BTreeMap::new();
     for &seed in &seeds {
         match simulate(seed) {
@@ -711,6 +799,8 @@ fn shard(shard: u64) {
                 processes += s.processes;
                 late += s.late;
                 rejected += s.rejected;
+                held += s.held;
+                cancelled += s.cancelled;
                 *ends.entry(s.end).or_default() += 1;
             }
             Err(e) => panic!("{e}"),
@@ -719,8 +809,8 @@ fn shard(shard: u64) {
     println!(
         "engine simulation, shard {} of {SHARDS}: {} seeds kept every invariant and matched \
          their reference; {processes} keel processes, {faulty} of them given a fault, {hits} \
-         faults struck, {late} requests let expire, {rejected} rejections delivered; ends: \
-         {ends:?}",
+         faults struck, {late} requests let expire, {rejected} rejections delivered, {held} \
+         incident holds, {cancelled} runs cancelled; ends: {ends:?}",
         shard + 1,
         seeds.len()
     );

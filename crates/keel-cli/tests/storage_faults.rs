@@ -574,9 +574,8 @@ fn store_writes(contract: &str) -> (u64, u64) {
     let trace = outside.path().join("trace");
     let (_, out) = f.start(&[("KEEL_STORE_FAULT_TRACE", trace.display().to_string())]);
     assert_eq!(out.status.code(), Some(0), "{}", f.explain(&out));
-    let text = std::fs::read_to_string(&trace).unwrap();
-    let count = |what: &str| text.lines().filter(|l| l.starts_with(what)).count() as u64;
-    (count("commit "), count("artifact "))
+    let count = |what: &str| common::traced(&trace, what) as u64;
+    (count("commit"), count("artifact"))
 }
 
 /// Runs the contract with `fault` injected and checks how keel stopped. Returns the run id (if

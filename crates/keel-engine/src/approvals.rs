@@ -298,7 +298,9 @@ impl Engine<'_> {
         };
         let n = approval.request.n;
         let Some(decision) = approval.decision else {
-            // Nobody decided in time: the contract says what that becomes.
+            // Nobody decided in time: the contract says what that becomes. The decision and
+            // what it leads to are one commit: a run found with the first and not the second
+            // would be taken for one a person rejected.
             let expired = approval
                 .request
                 .expires_at_ms
@@ -306,9 +308,8 @@ impl Engine<'_> {
             if !expired {
                 return Ok(false);
             }
-            let block = approval.request.on_expiry == Some(OnExpiry::Block);
             let reason = "nobody decided before the request's deadline".to_string();
-            self.commit(vec![EventBody::ApprovalDecided {
+            self.stage(vec![EventBody::ApprovalDecided {
                 n,
                 approve: false,
                 payload_hash: approval.request.payload_hash.clone(),
@@ -316,53 +317,37 @@ impl Engine<'_> {
                 reason: reason.clone(),
                 via: "expiry".into(),
             }])?;
-            let text = if block {
-                format!("approval request {n} expired: {reason}; a person decides how to go on")
-            } else {
-                format!("approval request {n} expired and counts as rejected: {reason}")
-            };
-            self.set_state(
-                RunState::Blocked,
-                &text,
-                Some(Block::Rejected {
-                    n,
-                    by: "keel".into(),
-                    reason,
-                }),
-            )?;
-            return Ok(false);
+            if approval.request.on_expiry == Some(OnExpiry::Block) {
+                self.set_state(
+                    RunState::Blocked,
+                    &format!(
+                        "approval request {n} expired: {reason}; a person decides how to go on"
+                    ),
+                    Some(Block::Rejected {
+                        n,
+                        by: "keel".into(),
+                        reason,
+                    }),
+                )?;
+                return Ok(false);
+            }
+            // Otherwise it counts as rejected: a call's driver is told no and works on, a
+            // phase stops, as after a person's rejection.
+            let text = format!("approval request {n} expired and counts as rejected: {reason}");
+            return self.rejected(&approval.request.gate, n, text, "keel", &reason);
         };
-        if !decision.approve
-            && matches!(
-                approval.request.gate,
-                Gate::ToolCall { .. } | Gate::Reconcile { .. }
-            )
-        {
-            // A rejected call is not a dead end: the driver is told and works on.
-            self.set_state(
-                RunState::Executing,
-                &format!(
-                    "approval request {n} was rejected by {}: {}; the driver is told",
-                    decision.by, decision.reason
-                ),
-                None,
-            )?;
-            return Ok(true);
-        }
         if !decision.approve {
-            self.set_state(
-                RunState::Blocked,
-                &format!(
-                    "approval request {n} was rejected by {}: {}",
-                    decision.by, decision.reason
-                ),
-                Some(Block::Rejected {
-                    n,
-                    by: decision.by.clone(),
-                    reason: decision.reason.clone(),
-                }),
-            )?;
-            return Ok(false);
+            let text = format!(
+                "approval request {n} was rejected by {}: {}",
+                decision.by, decision.reason
+            );
+            return self.rejected(
+                &approval.request.gate,
+                n,
+                text,
+                &decision.by,
+                &decision.reason,
+            );
         }
         // An approval applies to the payload it names: if what would run has changed since,
         // it asks again.
@@ -387,6 +372,36 @@ impl Engine<'_> {
             None,
         )?;
         Ok(true)
+    }
+
+    /// A rejected request (by a person, or by its deadline): a rejected call is not a dead end,
+    /// its driver is told and works on (returns `true`); anything else blocks the run.
+    fn rejected(
+        &mut self,
+        gate: &Gate,
+        n: u32,
+        text: String,
+        by: &str,
+        reason: &str,
+    ) -> Result<bool, EngineError> {
+        if matches!(gate, Gate::ToolCall { .. } | Gate::Reconcile { .. }) {
+            self.set_state(
+                RunState::Executing,
+                &format!("{text}; the driver is told"),
+                None,
+            )?;
+            return Ok(true);
+        }
+        self.set_state(
+            RunState::Blocked,
+            &text,
+            Some(Block::Rejected {
+                n,
+                by: by.to_string(),
+                reason: reason.to_string(),
+            }),
+        )?;
+        Ok(false)
     }
 }
 

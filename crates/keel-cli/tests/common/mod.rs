@@ -387,3 +387,14 @@ network = true
 "#
     )
 }
+
+/// How many store writes of a kind (`"commit"`, `"artifact"`) a process traced with
+/// `KEEL_STORE_FAULT_TRACE=trace` made.
+#[allow(dead_code)]
+pub fn traced(trace: &Path, what: &str) -> usize {
+    std::fs::read_to_string(trace)
+        .unwrap_or_else(|e| panic!("{}: {e}", trace.display()))
+        .lines()
+        .filter(|l| l.split(' ').next() == Some(what))
+        .count()
+}
