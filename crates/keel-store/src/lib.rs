@@ -184,8 +184,8 @@ pub struct Store {
     conn: Connection,
     path: PathBuf,
     artifacts: Artifacts,
-    /// Small artifacts waiting for the next commit, which stores them in its transaction.
-    /// Small artifacts waiting for the next commit: hash, codec (see `blob`), stored bytes.
+    /// Small artifacts waiting for the next commit, which stores them in its transaction: hash,
+    /// codec (see `blob`), stored bytes.
     pending_blobs: std::cell::RefCell<Vec<(String, i64, Vec<u8>)>>,
     /// The `steps` and `budgets` rows this connection last wrote for each run it holds, so a
     /// commit rewrites only the rows that changed (a long run has thousands of steps).
