@@ -174,6 +174,19 @@ impl Git {
 
     /// Commit id HEAD points at, or `None` when the branch is unborn (no commits yet).
     pub fn head(&self) -> Result<Option<String>, GitError> {
+        // Read it from the files when they say it plainly: a detached HEAD's id, or the id in
+        // the branch's loose ref file (as rev-parse would, without asking whether the commit is
+        // present). A packed or unborn branch, a linked worktree (whose branches live in the
+        // common directory) or anything unusual is asked of git.
+        match read_head_file(&self.git_dir) {
+            Some(HeadFile::Detached(id)) => return Ok(Some(id)),
+            Some(HeadFile::Branch(target)) => {
+                if let Some(id) = read_loose_ref(&self.git_dir, &target) {
+                    return Ok(Some(id));
+                }
+            }
+            None => {}
+        }
         // rev-parse rather than `resolve`: a HEAD whose commit is missing from the object store
         // is a broken repository, and must fail later rather than pass for an unborn branch.
         let rev_parse = self.git().args(["rev-parse", "-q", "--verify", "HEAD"]);
@@ -347,7 +360,8 @@ impl Git {
 
     /// Size of the change between two tree-ish (tree or commit ids): files changed, lines added
     /// and removed (binary files count as changed files with 0 lines), and the paths with a
-    /// status letter. Excluded paths are left out.
+    /// status letter. Excluded paths are left out. The same object id on both sides is an empty
+    /// diff without asking git (nor whether the object exists).
     pub fn diff(&self, from: &str, to: &str) -> Result<Diff, GitError> {
         let (entries, lines_added, lines_removed) = self.diff_tree(from, to, true)?;
         Ok(Diff {
@@ -369,6 +383,9 @@ impl Git {
     pub fn diff_text(&self, from: &str, to: &str) -> Result<String, GitError> {
         check_rev("tree", from)?;
         check_rev("tree", to)?;
+        if from == to && is_object_id(from) {
+            return Ok(String::new());
+        }
         let mut diff = self.git().args([
             "diff-tree",
             "-r",
@@ -491,28 +508,10 @@ impl Git {
 
     /// The ref HEAD points at ("refs/heads/main"), or `None` when HEAD is detached.
     fn symbolic_head(&self) -> Result<Option<String>, GitError> {
-        // HEAD is a one-line file in the git directory (a linked worktree's own): `ref: <name>`
-        // when it points at a branch, a commit id when detached. Read it rather than start a
-        // git process; anything else (a reftable repository's placeholder, which points at
-        // `refs/heads/.invalid`, a HEAD that is a symbolic link to a branch's file, as old gits
-        // could write, or a form this does not know) is asked of git.
-        let head = self.git_dir.join("HEAD");
-        let regular = std::fs::symlink_metadata(&head).is_ok_and(|m| m.file_type().is_file());
-        if let Some(text) = regular
-            .then(|| std::fs::read_to_string(&head).ok())
-            .flatten()
-        {
-            let line = text.strip_suffix('\n').unwrap_or(&text);
-            if let Some(target) = line.strip_prefix("ref: ") {
-                let plain = target.starts_with("refs/")
-                    && target != "refs/heads/.invalid"
-                    && !target.contains(|c: char| c.is_whitespace() || c.is_control());
-                if plain {
-                    return Ok(Some(target.to_string()));
-                }
-            } else if is_object_id(line) {
-                return Ok(None);
-            }
+        match read_head_file(&self.git_dir) {
+            Some(HeadFile::Branch(target)) => return Ok(Some(target)),
+            Some(HeadFile::Detached(_)) => return Ok(None),
+            None => {}
         }
         let symbolic_ref = self.git().args(["symbolic-ref", "-q", "HEAD"]);
         let output = symbolic_ref.output()?;
@@ -642,6 +641,11 @@ impl Git {
     ) -> Result<(Vec<RawEntry>, u64, u64), GitError> {
         check_rev("tree", from)?;
         check_rev("tree", to)?;
+        if from == to && is_object_id(from) {
+            // One object on both sides: nothing changed, and no git process is needed to say
+            // so (a run that changed nothing asks this at every checkpoint).
+            return Ok((Vec::new(), 0, 0));
+        }
         let mut diff_tree = self.git().args([
             "diff-tree",
             "-r",
@@ -778,6 +782,49 @@ fn parse_count(field: &[u8]) -> Result<u64, &'static str> {
 }
 
 /// A 40 (SHA-1) or 64 (SHA-256) digit lowercase hex object id.
+/// What a plain `HEAD` file says.
+enum HeadFile {
+    /// `ref: <target>`, a full ref name under `refs/`.
+    Branch(String),
+    /// A commit id.
+    Detached(String),
+}
+
+/// HEAD as its file in `git_dir` (a linked worktree's own) says it, when it says it plainly: a
+/// regular file of one line, `ref: refs/…` or a commit id. `None` for anything else — a
+/// reftable repository's placeholder (`refs/heads/.invalid`), a HEAD that is a symbolic link
+/// to a branch's file (as old gits could write), a form this does not know — which the caller
+/// asks git about.
+fn read_head_file(git_dir: &Path) -> Option<HeadFile> {
+    let text = read_plain_file(&git_dir.join("HEAD"))?;
+    let line = text.strip_suffix('\n').unwrap_or(&text);
+    if let Some(target) = line.strip_prefix("ref: ") {
+        let plain = target.starts_with("refs/")
+            && target != "refs/heads/.invalid"
+            && !target.contains(|c: char| c.is_whitespace() || c.is_control())
+            && !target
+                .split('/')
+                .any(|part| part.is_empty() || part == "." || part == "..");
+        plain.then(|| HeadFile::Branch(target.to_string()))
+    } else {
+        is_object_id(line).then(|| HeadFile::Detached(line.to_string()))
+    }
+}
+
+/// The id a loose ref file holds (`<git_dir>/<refname>`, one line), or `None` when there is no
+/// such regular file or it holds something else (a symbolic ref, say).
+fn read_loose_ref(git_dir: &Path, refname: &str) -> Option<String> {
+    let text = read_plain_file(&git_dir.join(refname))?;
+    let line = text.strip_suffix('\n').unwrap_or(&text);
+    is_object_id(line).then(|| line.to_string())
+}
+
+/// The text of a small regular file (not through a symbolic link), or `None`.
+fn read_plain_file(path: &Path) -> Option<String> {
+    let regular = fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file());
+    regular.then(|| fs::read_to_string(path).ok()).flatten()
+}
+
 fn is_object_id(text: &str) -> bool {
     matches!(text.len(), 40 | 64) && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }

@@ -1,5 +1,6 @@
 //! The client: builds a request body, sends it with retries, parses the answer.
 
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use keel_core::agent::{ModelReply, Prompt, ToolSpec};
@@ -78,16 +79,7 @@ impl Client {
         let shown = redact_url(&target);
         let headers = headers(&config)?;
 
-        let mut builder = reqwest::blocking::Client::builder()
-            .timeout(config.timeout)
-            // An API does not redirect a POST anywhere useful, and following one would carry
-            // the key to another host.
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("keel/", env!("CARGO_PKG_VERSION")));
-        if is_loopback(&url) {
-            builder = builder.no_proxy();
-        }
-        let http = builder.build().map_err(|e| {
+        let http = shared_http(is_loopback(&url)).map_err(|e| {
             LlmError::Transport(format!(
                 "could not build the HTTP client: {}",
                 error_chain(&e)
@@ -200,6 +192,7 @@ impl Client {
         let response = self
             .http
             .post(&self.target)
+            .timeout(self.config.timeout)
             .headers(self.headers.clone())
             .body(body.to_vec())
             .send();
@@ -402,6 +395,33 @@ fn headers(config: &ClientConfig) -> Result<HeaderMap, LlmError> {
         }
     }
     Ok(headers)
+}
+
+/// The HTTP client every [`Client`] of this process sends through: one that bypasses any proxy
+/// set in the environment (for loopback endpoints) and one that follows it, each built once.
+/// Building one loads the system's root certificates and starts a thread, which cost more CPU
+/// than a whole short run's requests; shared, they also keep connections alive across runs.
+/// The proxy environment is read when the first client of a kind is built. A request's timeout
+/// is set on the request.
+fn shared_http(loopback: bool) -> Result<reqwest::blocking::Client, reqwest::Error> {
+    static CLIENTS: [OnceLock<reqwest::blocking::Client>; 2] = [OnceLock::new(), OnceLock::new()];
+    let cell = &CLIENTS[usize::from(loopback)];
+    if let Some(http) = cell.get() {
+        return Ok(http.clone());
+    }
+    let mut builder = reqwest::blocking::Client::builder()
+        // No client-wide timeout: each request carries its run's own.
+        .timeout(None)
+        // An API does not redirect a POST anywhere useful, and following one would carry the
+        // key to another host.
+        .redirect(reqwest::redirect::Policy::none())
+        .user_agent(concat!("keel/", env!("CARGO_PKG_VERSION")));
+    if loopback {
+        builder = builder.no_proxy();
+    }
+    let built = builder.build()?;
+    // Two threads may both build one; either is as good, and the other is dropped.
+    Ok(cell.get_or_init(|| built).clone())
 }
 
 fn is_loopback(url: &reqwest::Url) -> bool {

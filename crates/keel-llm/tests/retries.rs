@@ -168,6 +168,29 @@ fn a_timeout_then_success_records_the_timeout() {
     assert_eq!(exchange.retries, vec!["timeout".to_string()]);
 }
 
+/// Every client of a process sends through one shared HTTP client; each must still wait as
+/// long as its own configuration says, whichever was built first.
+#[test]
+fn clients_of_one_process_keep_their_own_timeouts() {
+    let late = || Reply::Late(Duration::from_millis(800), Box::new(Reply::json(200, OK)));
+    let short_server = FakeServer::start(vec![late()]);
+    let long_server = FakeServer::start(vec![late()]);
+    let mut short = config(Provider::OpenAi, &format!("{}/v1", short_server.url));
+    short.timeout = Duration::from_millis(200);
+    short.max_retries = 0;
+    let short = Client::new(short).unwrap();
+    let long = Client::new(config(Provider::OpenAi, &format!("{}/v1", long_server.url))).unwrap();
+
+    let exchange = long.send(b"{}", &mut |_| {}).unwrap();
+    assert_eq!((exchange.status, exchange.attempts), (200, 1));
+    match short.send(b"{}", &mut |_| panic!("must not sleep")) {
+        Err(LlmError::Exhausted { attempts: 1, last }) => {
+            assert!(last.starts_with("timeout"), "{last}")
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+}
+
 #[test]
 fn connection_refused_is_retried_then_exhausted() {
     // A port nothing listens on: bind, note the port, close.

@@ -18,6 +18,7 @@
 use std::fmt;
 use std::io::Read;
 use std::net::IpAddr;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use reqwest::Url;
@@ -340,6 +341,28 @@ fn target(policy: &HttpPolicy, request: &HttpRequest) -> Result<Target, HttpDeni
     })
 }
 
+/// The HTTP client every request of this process goes through: one that bypasses any proxy set
+/// in the environment (for loopback hosts) and one that follows it, each built once. Building
+/// one loads the system's root certificates and starts a thread; shared, they also keep
+/// connections alive. The proxy environment is read when the first of a kind is built; each
+/// request carries its policy's timeout. Redirects are never followed.
+fn shared_client(loopback: bool) -> Result<reqwest::blocking::Client, reqwest::Error> {
+    static CLIENTS: [OnceLock<reqwest::blocking::Client>; 2] = [OnceLock::new(), OnceLock::new()];
+    let cell = &CLIENTS[usize::from(loopback)];
+    if let Some(client) = cell.get() {
+        return Ok(client.clone());
+    }
+    let mut builder = reqwest::blocking::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(None);
+    if loopback {
+        builder = builder.no_proxy();
+    }
+    let built = builder.build()?;
+    // Two threads may both build one; either is as good, and the other is dropped.
+    Ok(cell.get_or_init(|| built).clone())
+}
+
 fn is_loopback(host: &str) -> bool {
     host == "localhost"
         || host.ends_with(".localhost")
@@ -354,14 +377,7 @@ pub fn send(
     idempotency_key: Option<&str>,
 ) -> Result<HttpResponse, HttpError> {
     let target = target(policy, request)?;
-    let mut builder = reqwest::blocking::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(policy.timeout);
-    if is_loopback(&target.host) {
-        builder = builder.no_proxy();
-    }
-    let client = builder
-        .build()
+    let client = shared_client(is_loopback(&target.host))
         .map_err(|e| HttpError::Client(e.without_url().to_string()))?;
 
     let mut headers = HeaderMap::new();
@@ -389,7 +405,10 @@ pub fn send(
             method: target.method.clone(),
         }
     })?;
-    let mut builder = client.request(method, target.url).headers(headers);
+    let mut builder = client
+        .request(method, target.url)
+        .timeout(policy.timeout)
+        .headers(headers);
     if let Some(body) = &request.body {
         builder = builder.body(body.clone());
     }

@@ -48,6 +48,8 @@ pub enum Reply {
     Drop,
     /// Reads the request, then never answers (the connection stays open).
     Hang,
+    /// Reads the request, waits this long, then answers as the inner reply does.
+    Late(Duration, Box<Reply>),
 }
 
 impl Reply {
@@ -101,7 +103,13 @@ impl FakeServer {
                     continue;
                 };
                 recorded.lock().unwrap().push(request);
-                match replies.next() {
+                let mut reply = replies.next();
+                while let Some(Reply::Late(wait, inner)) = reply {
+                    std::thread::sleep(wait);
+                    reply = Some(*inner);
+                }
+                match reply {
+                    Some(Reply::Late(..)) => unreachable!("unwrapped above"),
                     Some(Reply::Respond {
                         status,
                         headers,
