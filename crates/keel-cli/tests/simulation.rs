@@ -8,7 +8,12 @@
 //!   and through a contract tool (each with the call's idempotency key) and asks a person a
 //!   question; sometimes a step verifier and a phase verifier; some phases behind a person's
 //!   approval, sometimes every irreversible call too, sometimes with a one-hour deadline on
-//!   requests;
+//!   requests; in half the seeds the decisions come from a model over HTTP instead of the
+//!   script (keel's `anthropic` driver against a fake Messages API on loopback, which answers
+//!   each step with the script's calls for the phase and step its prompt names, and answers
+//!   some steps' first one or two attempts with a 429, 500, 503 or 529 that keel's retries
+//!   outlast), so a model call's request is stored before it is sent and its reply committed
+//!   on its own;
 //! - the world: a fake clock (`KEEL_CLOCK`) that places each keel process after the last one;
 //!   the person's delay before each decision (sometimes past the deadline, so the request
 //!   expires and counts as rejected), their rejections, a commit of theirs to the repository
@@ -44,12 +49,13 @@ use std::fmt::Write as _;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Output;
+use std::sync::{Arc, Mutex};
 
 use common::{Fixture, state};
 use keel_core::invariant::Outcome;
 use keel_test_support::invariants;
 use keel_test_support::rng::SplitMix as Rng;
-use keel_test_support::service::CountingService;
+use keel_test_support::service::{CountingService, Recorded};
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
@@ -113,6 +119,18 @@ struct Scenario {
     /// every phase must pass.
     step_verifier: bool,
     phase_verifier: bool,
+    /// The driver: the script, or a model over HTTP (keel's `anthropic` driver against the
+    /// fake service, which answers each step with the same calls the script has).
+    model: Option<Model>,
+}
+
+/// A model over HTTP, and the outages it has: for some steps (agent phase index, step number
+/// in it) the first one or two attempts are answered with this error status, which keel's
+/// retries (two) outlast. The model counts attempts across all processes of a world, so a
+/// request re-sent after a crash may find the outage over.
+#[derive(Debug, Clone)]
+struct Model {
+    outages: BTreeMap<(usize, usize), (u32, u16)>,
 }
 
 impl Scenario {
@@ -165,13 +183,99 @@ impl Scenario {
             };
             phases.push((spec, rng.chance(30)));
         }
+        let gate_effects = rng.chance(25);
+        let deadline = rng.chance(40);
+        let step_verifier = rng.chance(30);
+        let phase_verifier = rng.chance(30);
+        // Drawn last, so the seeds' scenarios are what they were before models over HTTP.
+        let model = rng.chance(50).then(|| {
+            let mut outages = BTreeMap::new();
+            for (p, (spec, _)) in phases.iter().enumerate() {
+                if let PhaseSpec::Agent(replies) = spec {
+                    for step in 1..=replies.len() {
+                        if rng.chance(30) {
+                            let status = [500, 529, 429, 503][rng.below(4) as usize];
+                            outages.insert((p, step), (1 + rng.below(2) as u32, status));
+                        }
+                    }
+                }
+            }
+            Model { outages }
+        });
         Scenario {
             phases,
-            gate_effects: rng.chance(25),
-            deadline: rng.chance(40),
-            step_verifier: rng.chance(30),
-            phase_verifier: rng.chance(30),
+            gate_effects,
+            deadline,
+            step_verifier,
+            phase_verifier,
+            model,
         }
+    }
+
+    /// How the model over HTTP answers one request: the calls the script has for the phase and
+    /// step its prompt names (`## Phase P/N: name (step S)`), unless an outage says an error.
+    fn answer(
+        &self,
+        url: &str,
+        attempts: &Mutex<BTreeMap<(usize, usize), u32>>,
+        request: &Recorded,
+    ) -> (u16, String) {
+        let body: Value = serde_json::from_str(&request.body).unwrap_or(Value::Null);
+        let user = body["messages"][0]["content"].as_str().unwrap_or_default();
+        let Some((phase, step)) = phase_and_step(user) else {
+            return (
+                400,
+                json!({"type": "error", "error": {"type": "invalid_request_error",
+                "message": "the simulated model found no phase and step in the prompt"}})
+                .to_string(),
+            );
+        };
+        let seen = {
+            let mut attempts = attempts.lock().unwrap_or_else(|e| e.into_inner());
+            let n = attempts.entry((phase, step)).or_insert(0);
+            *n += 1;
+            *n
+        };
+        if let Some((failures, status)) = self
+            .model
+            .as_ref()
+            .and_then(|m| m.outages.get(&(phase, step)))
+            && seen <= *failures
+        {
+            return (
+                *status,
+                json!({"type": "error", "error": {"type": "api_error",
+                "message": format!("simulated outage, attempt {seen}")}})
+                .to_string(),
+            );
+        }
+        let reply = match self.phases.get(phase) {
+            Some((PhaseSpec::Agent(replies), _)) => replies.get(step.wrapping_sub(1)),
+            _ => None,
+        };
+        let Some(reply) = reply else {
+            return (400, json!({"type": "error", "error": {"type": "invalid_request_error",
+                "message": format!("the simulated model has no reply for phase {phase} step {step}")}})
+            .to_string());
+        };
+        let content: Vec<Value> = reply
+            .iter()
+            .enumerate()
+            .map(|(i, call)| {
+                let call = call.json(url);
+                json!({"type": "tool_use", "id": format!("toolu_{i:02}"),
+                       "name": call["tool"], "input": call["args"]})
+            })
+            .collect();
+        (
+            200,
+            json!({
+                "id": "msg_sim", "type": "message", "role": "assistant", "model": "sim-model",
+                "content": content, "stop_reason": "tool_use", "stop_sequence": null,
+                "usage": {"input_tokens": 100, "output_tokens": 20},
+            })
+            .to_string(),
+        )
     }
 
     fn script(&self, url: &str) -> Vec<Value> {
@@ -195,8 +299,7 @@ impl Scenario {
 goal = "Every phase of the simulated scenario is done."
 
 [driver]
-kind = "script"
-script = "{script}"
+{driver}
 
 [scope]
 writable = ["out0.txt", "out1.txt", "out2.txt"]
@@ -210,7 +313,13 @@ name = "workspace"
 tier = "acceptance"
 run = "test -f README.md"
 "#,
-            script = script.display()
+            driver = match &self.model {
+                None => format!("kind = \"script\"\nscript = \"{}\"", script.display()),
+                Some(_) => format!(
+                    "kind = \"anthropic\"\nmodel = \"sim-model\"\nbase_url = \"{url}\"\n\
+                     max_retries = 2\nretry_backoff = \"1ms\"\ntimeout = \"60s\""
+                ),
+            },
         );
         if self.step_verifier {
             c.push_str(
@@ -262,6 +371,15 @@ run = "test -f README.md"
     }
 }
 
+/// The phase index (from 0) and step number a prompt names in `## Phase P/N: name (step S)`.
+fn phase_and_step(prompt: &str) -> Option<(usize, usize)> {
+    let rest = &prompt[prompt.find("## Phase ")? + "## Phase ".len()..];
+    let phase: usize = rest[..rest.find('/')?].parse().ok()?;
+    let rest = &rest[rest.find("(step ")? + "(step ".len()..];
+    let step: usize = rest[..rest.find(')')?].parse().ok()?;
+    Some((phase.checked_sub(1)?, step))
+}
+
 // ---------------------------------------------------------------------------------------------
 // The world and the faults
 // ---------------------------------------------------------------------------------------------
@@ -309,11 +427,19 @@ struct World {
     /// Whether the next process to carry the run on is `keel resume` or `keel worker --once`.
     carrier: Rng,
     log: Vec<String>,
+    /// Requests the model over HTTP was sent, per agent phase and step.
+    model_attempts: Arc<Mutex<BTreeMap<(usize, usize), u32>>>,
 }
 
 impl World {
     fn new(scenario: &Scenario, seed: u64, faults: bool) -> (World, tempfile::TempDir) {
         let service = CountingService::start();
+        let model_attempts = Arc::new(Mutex::new(BTreeMap::new()));
+        if scenario.model.is_some() {
+            let (scenario, url) = (scenario.clone(), service.url());
+            let attempts = Arc::clone(&model_attempts);
+            service.answer_model(move |request| scenario.answer(&url, &attempts, request));
+        }
         let outside = tempfile::tempdir().unwrap();
         let script = common::write_script(outside.path(), &scenario.script(&service.url()));
         let fx = Fixture::new(&scenario.contract(&script, &service.url()));
@@ -327,6 +453,7 @@ impl World {
             hits: 0,
             carrier: Rng(seed ^ 0x0C0F_FEE0 ^ u64::from(faults)),
             log: Vec::new(),
+            model_attempts,
         };
         (world, outside)
     }
@@ -628,6 +755,19 @@ impl World {
         );
     }
 
+    /// Requests sent to the model over HTTP, and how many of them an outage answered.
+    fn model_requests(&self, scenario: &Scenario) -> (u32, u32) {
+        let attempts = self
+            .model_attempts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let outages = scenario.model.as_ref().map(|m| &m.outages);
+        attempts.iter().fold((0, 0), |(sent, errors), (key, n)| {
+            let failures = outages.and_then(|o| o.get(key)).map_or(0, |f| f.0);
+            (sent + n, errors + (*n).min(failures))
+        })
+    }
+
     fn applied(&self) -> BTreeMap<String, u64> {
         self.service
             .applications()
@@ -679,6 +819,9 @@ struct Seed {
     /// Incident holds the person put on and lifted, and runs they cancelled.
     held: u32,
     cancelled: u32,
+    /// Requests sent to the model over HTTP, and those it answered with an outage's error.
+    model_requests: u32,
+    outage_errors: u32,
     end: String,
 }
 
@@ -758,6 +901,8 @@ fn simulate(seed: u64) -> Result<Seed, String> {
             .filter(|l| l.contains("held the run"))
             .count() as u32,
         cancelled: faulty.log.iter().filter(|l| l.contains("cancels")).count() as u32,
+        model_requests: faulty.model_requests(&scenario).0,
+        outage_errors: faulty.model_requests(&scenario).1,
         end: format!("{:?}", got.0.state),
     })
 }
@@ -785,7 +930,7 @@ fn shard(shard: u64) {
         }
     };
     let (mut faulty, mut hits, mut processes, mut late, mut rejected) = (0, 0, 0, 0, 0);
-    let (mut held, mut cancelled) = (0, 0);
+    let (mut held, mut cancelled, mut model_requests, mut outage_errors) = (0, 0, 0, 0);
     let mut ends: BTreeMap<String, u32> = BTreeMap::new();
     for &seed in &seeds {
         match simulate(seed) {
@@ -801,6 +946,8 @@ fn shard(shard: u64) {
                 rejected += s.rejected;
                 held += s.held;
                 cancelled += s.cancelled;
+                model_requests += s.model_requests;
+                outage_errors += s.outage_errors;
                 *ends.entry(s.end).or_default() += 1;
             }
             Err(e) => panic!("{e}"),
@@ -810,7 +957,8 @@ fn shard(shard: u64) {
         "engine simulation, shard {} of {SHARDS}: {} seeds kept every invariant and matched \
          their reference; {processes} keel processes, {faulty} of them given a fault, {hits} \
          faults struck, {late} requests let expire, {rejected} rejections delivered, {held} \
-         incident holds, {cancelled} runs cancelled; ends: {ends:?}",
+         incident holds, {cancelled} runs cancelled, {model_requests} requests to a model over \
+         HTTP ({outage_errors} answered with an outage's error); ends: {ends:?}",
         shard + 1,
         seeds.len()
     );
@@ -819,6 +967,13 @@ fn shard(shard: u64) {
     assert!(
         seeds.len() < 4 || hits as usize >= seeds.len() / 2,
         "too few faults struck: {hits} over {} seeds",
+        seeds.len()
+    );
+    // Half the seeds talk to a model over HTTP, and some of its answers are outages.
+    assert!(
+        seeds.len() < 16 || (model_requests > 0 && outage_errors > 0),
+        "the model over HTTP was never reached ({model_requests} requests, {outage_errors} \
+         outage errors over {} seeds)",
         seeds.len()
     );
 }

@@ -16,6 +16,8 @@
 //! - `GET /redirect`: `302` to `/apply`.
 //! - `GET /big?n=BYTES`: `200` with `BYTES` bytes of `x`.
 //! - `GET /status/CODE`: that status, with a short text body.
+//! - `POST /v1/messages`: a model (the Anthropic Messages API's path) whose answers the test
+//!   gives with [`CountingService::answer_model`]; `404` until it does.
 //! - anything else: `404` (`405` for `/apply` with another method).
 
 use std::collections::BTreeMap;
@@ -54,8 +56,12 @@ impl Recorded {
     }
 }
 
+/// How the model route answers a request: a status and a JSON body.
+pub type ModelAnswer = Arc<dyn Fn(&Recorded) -> (u16, String) + Send + Sync>;
+
 #[derive(Default)]
 struct State {
+    model: Option<ModelAnswer>,
     applications: BTreeMap<String, u32>,
     deliveries: BTreeMap<String, u32>,
     unkeyed: u32,
@@ -131,6 +137,15 @@ impl CountingService {
     /// How many applications came without any idempotency key.
     pub fn unkeyed(&self) -> u32 {
         lock(&self.state).unkeyed
+    }
+
+    /// Serves `POST /v1/messages` with `answer` from now on. It is called without the service's
+    /// lock held, on the connection's own thread, so it may keep state of its own.
+    pub fn answer_model(
+        &self,
+        answer: impl Fn(&Recorded) -> (u16, String) + Send + Sync + 'static,
+    ) {
+        lock(&self.state).model = Some(Arc::new(answer));
     }
 
     /// Every request received in full, in order of arrival.
@@ -297,6 +312,16 @@ fn respond(request: &Recorded, state: &Mutex<State>) -> Response {
     st.requests.push(request.clone());
     let route = request.path.split('?').next().unwrap_or("");
     match (request.method.as_str(), route) {
+        ("POST", "/v1/messages") => match st.model.clone() {
+            Some(answer) => {
+                drop(st);
+                let (status, body) = answer(request);
+                let mut r = json_response(body);
+                r.status = status;
+                r
+            }
+            None => Response::text(404, "no model here: the test gave no answers\n"),
+        },
         ("POST", "/apply") => {
             let key = request
                 .header("idempotency-key")
