@@ -365,3 +365,36 @@ fn each_prompt_names_the_step_it_is_for() {
         );
     }
 }
+
+/// The step that completes a loop and the block on it are one commit: whichever commit of the
+/// run fails (nothing stored, or stored and reported failed), the resumed run still stops on
+/// the loop after the same three steps, and never takes a fourth.
+#[test]
+fn a_loop_is_caught_whichever_commit_of_the_run_fails() {
+    let script: String = [
+        read("README.md"),
+        read("README.md"),
+        read("README.md"),
+        done(),
+    ]
+    .iter()
+    .map(|l| format!("{l}\n"))
+    .collect();
+    common::with_each_commit_failing(&contract(""), &script, |f, id, what| {
+        if state(&f.status(id)) != "blocked" {
+            common::assert_no_panic(&f.run(&["resume", id]), what);
+        }
+        let st = f.status(id);
+        assert_eq!(state(&st), "blocked", "{what}: {st:#}");
+        assert_eq!(st["block"]["kind"], "repeat", "{what}: {st:#}");
+        let events = f.events(id);
+        assert_eq!(
+            of_kind(&events, "model_replied").len(),
+            3,
+            "{what}: {:?}",
+            kinds(&events)
+        );
+        assert!(!f.path("src/out.txt").exists(), "{what}: a fourth step ran");
+        f.verify_log_ok(id);
+    });
+}

@@ -364,41 +364,6 @@ fn a_question_waits_for_its_answer_which_the_driver_then_sees() {
     );
 }
 
-/// Runs `contract` (with `script` as its `actions.jsonl`) with each commit of its first process
-/// failing in turn (`commit-error@N`, nothing stored, and `commit-lost-ack@N`, stored but
-/// reported failed), resumes once without a fault, and hands the fixture, the run id and the
-/// fault to `check`.
-fn with_each_commit_failing(contract: &str, script: &str, check: impl Fn(&Fixture, &str, &str)) {
-    let outside = tempfile::tempdir().unwrap();
-    let trace = outside.path().join("commits");
-    let twin = Fixture::new(contract);
-    std::fs::write(twin.path("actions.jsonl"), script).unwrap();
-    let (_, out) = twin.start(&[("KEEL_STORE_FAULT_TRACE", trace.display().to_string())]);
-    common::assert_no_panic(&out, "the run without a fault");
-    let commits = common::traced(&trace, "commit");
-    assert!(commits >= 3, "the first process commits {commits} times");
-    for n in 1..=commits {
-        for fault in ["commit-error", "commit-lost-ack"] {
-            let what = format!("{fault}@{n}");
-            let f = Fixture::new(contract);
-            std::fs::write(f.path("actions.jsonl"), script).unwrap();
-            let out = f
-                .keel()
-                .args(["run", "keel.toml"])
-                .env("KEEL_STORE_FAULT", &what)
-                .output()
-                .unwrap();
-            common::assert_no_panic(&out, &what);
-            let Some(id) = f.stored_run_id() else {
-                continue;
-            };
-            let out = f.run(&["resume", &id]);
-            common::assert_no_panic(&out, &what);
-            check(&f, &id, &what);
-        }
-    }
-}
-
 /// Found by the seeded engine simulation: the step that asked a question was stored, then the
 /// commit that set the run waiting failed, and `keel resume` went on to the next step with the
 /// question unanswered. The wait is now stored with the step's end (and a run found going on
@@ -412,7 +377,8 @@ fn a_failed_commit_around_a_question_never_lets_the_run_go_on_unanswered() {
         r#"{"calls": [{"tool": "write", "args": {"path": "answer.txt", "content": "blue\n"}}, {"tool": "finish", "args": {"summary": "wrote it"}}]}"#,
         "\n"
     );
-    with_each_commit_failing(ASKS_THEN_WRITES, script, |f, id, what| {
+    common::with_each_commit_failing(ASKS_THEN_WRITES, script, |f, id, what| {
+        common::assert_no_panic(&f.run(&["resume", id]), what);
         let status = f.status(id);
         assert_eq!(state(&status), "waiting", "{what}: {status:#}");
         assert!(status["questions"][0]["answer"].is_null(), "{what}");
@@ -435,7 +401,8 @@ fn a_failed_commit_around_the_drivers_stop_never_loses_the_stop() {
         r#"{"calls": [{"tool": "write", "args": {"path": "answer.txt", "content": "blue\n"}}, {"tool": "finish", "args": {"summary": "wrote it"}}]}"#,
         "\n"
     );
-    with_each_commit_failing(ASKS_THEN_WRITES, script, |f, id, what| {
+    common::with_each_commit_failing(ASKS_THEN_WRITES, script, |f, id, what| {
+        common::assert_no_panic(&f.run(&["resume", id]), what);
         let events = f.events(id);
         let stop = events
             .iter()
@@ -504,7 +471,8 @@ fn a_failed_commit_never_leaves_a_budget_block_without_its_request() {
     let text = common::publish_contract(&marker)
         .replace("approval = true\n", "")
         .replace("[task]", "[budget]\nsteps = 1\n\n[task]");
-    with_each_commit_failing(&text, "", |f, id, what| {
+    common::with_each_commit_failing(&text, "", |f, id, what| {
+        common::assert_no_panic(&f.run(&["resume", id]), what);
         let status = f.status(id);
         assert_eq!(state(&status), "blocked", "{what}: {status:#}");
         let list = pending(f);

@@ -326,11 +326,8 @@ impl Engine<'_> {
         }
         if let Some((to @ RunState::Blocked, text, block)) = then {
             self.set_state(to, &text, block)?;
-            return Ok(());
         }
-        if let Some(pattern) = self.run.loop_detected() {
-            self.block_loop(id, pattern, None)?;
-        }
+        // A loop this step completed was blocked on in the step's last commit.
         Ok(())
     }
 
@@ -1341,7 +1338,7 @@ impl Engine<'_> {
         if verifiers.is_empty() {
             let mut last = vec![finished, EventBody::StepVerified { step: id }];
             last.extend(then(self));
-            return self.commit(last);
+            return self.end_step(id, last);
         }
         self.commit(vec![finished])?;
         for v in verifiers {
@@ -1352,7 +1349,8 @@ impl Engine<'_> {
                     &evidence.status,
                     evidence.excerpt.as_deref().unwrap_or(""),
                 );
-                return self.commit(
+                return self.end_step(
+                    id,
                     vec![EventBody::StepFailed {
                         step: id,
                         reason: format!(
@@ -1372,7 +1370,20 @@ impl Engine<'_> {
         }
         let mut last = vec![EventBody::StepVerified { step: id }];
         last.extend(then(self));
-        self.commit(last)
+        self.end_step(id, last)
+    }
+
+    /// Stores a step's last events and, in the same commit, the block on a loop the step
+    /// completes: with a crash or a failed commit between the two, the resumed run would take
+    /// another step and not see the loop it was in.
+    fn end_step(&mut self, id: StepId, last: Vec<EventBody>) -> Result<(), EngineError> {
+        self.stage(last)?;
+        if self.run.state == RunState::Executing
+            && let Some(pattern) = self.run.loop_detected()
+        {
+            return self.block_loop(id, pattern, None);
+        }
+        self.flush()
     }
 
     fn waiting_reason(&self, q: &keel_core::run::Question) -> String {

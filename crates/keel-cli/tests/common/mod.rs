@@ -398,3 +398,41 @@ pub fn traced(trace: &Path, what: &str) -> usize {
         .filter(|l| l.split(' ').next() == Some(what))
         .count()
 }
+
+/// Runs `contract` (with `script` as its `actions.jsonl`) with each commit of its first process
+/// failing in turn (`commit-error@N`, nothing stored, and `commit-lost-ack@N`, stored but
+/// reported failed), and hands the fixture, the run id and the fault to `check`, which carries
+/// the run on as its test needs. A fault in the commit that creates the run leaves no run, and
+/// nothing to check.
+pub fn with_each_commit_failing(
+    contract: &str,
+    script: &str,
+    check: impl Fn(&Fixture, &str, &str),
+) {
+    let outside = tempfile::tempdir().unwrap();
+    let trace = outside.path().join("commits");
+    let twin = Fixture::new(contract);
+    std::fs::write(twin.path("actions.jsonl"), script).unwrap();
+    let (_, out) = twin.start(&[("KEEL_STORE_FAULT_TRACE", trace.display().to_string())]);
+    assert_no_panic(&out, "the run without a fault");
+    let commits = traced(&trace, "commit");
+    assert!(commits >= 3, "the first process commits {commits} times");
+    for n in 1..=commits {
+        for fault in ["commit-error", "commit-lost-ack"] {
+            let what = format!("{fault}@{n}");
+            let f = Fixture::new(contract);
+            std::fs::write(f.path("actions.jsonl"), script).unwrap();
+            let out = f
+                .keel()
+                .args(["run", "keel.toml"])
+                .env("KEEL_STORE_FAULT", &what)
+                .output()
+                .unwrap();
+            assert_no_panic(&out, &what);
+            let Some(id) = f.stored_run_id() else {
+                continue;
+            };
+            check(&f, &id, &what);
+        }
+    }
+}
