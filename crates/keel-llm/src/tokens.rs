@@ -1,6 +1,6 @@
 //! Counting tokens before a call, to keep a prompt within `context_tokens`.
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use tiktoken_rs::CoreBPE;
 
@@ -33,7 +33,7 @@ pub fn token_counter(provider: Provider, model: &str) -> Box<dyn TokenCounter> {
                 Encoding::O200k
             };
             match encoding.bpe() {
-                Some(bpe) => Box::new(Bpe { encoding, bpe }),
+                Some(bpe) => Box::new(Bpe::new(encoding, bpe)),
                 // Only if the bundled tables failed to load, which they do not: count safely
                 // rather than fail.
                 None => Box::new(Estimate),
@@ -82,16 +82,59 @@ impl Encoding {
     }
 }
 
+/// How many counts a counter remembers, and the shortest text it remembers one for.
+const MEMO_ENTRIES: usize = 8;
+const MEMO_MIN_BYTES: usize = 256;
+
 struct Bpe {
     encoding: Encoding,
     bpe: &'static CoreBPE,
+    /// The counts of the texts counted most recently, by their BLAKE3 hash, least recently
+    /// used first: every step's prompt counts the same harness rules and tool list again, and
+    /// hashing a text costs a small fraction of encoding it.
+    memo: Mutex<Vec<([u8; 32], u64)>>,
+}
+
+impl Bpe {
+    fn new(encoding: Encoding, bpe: &'static CoreBPE) -> Bpe {
+        Bpe {
+            encoding,
+            bpe,
+            memo: Mutex::new(Vec::with_capacity(MEMO_ENTRIES)),
+        }
+    }
+
+    fn memo(&self) -> std::sync::MutexGuard<'_, Vec<([u8; 32], u64)>> {
+        // The memo holds only finished counts: one left by a thread that panicked is as good.
+        self.memo
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 impl TokenCounter for Bpe {
     /// Special-token text such as `<|endoftext|>` is counted as ordinary text, as the APIs
     /// treat it in a message.
     fn count(&self, text: &str) -> u64 {
-        self.bpe.encode_ordinary(text).len() as u64
+        if text.len() < MEMO_MIN_BYTES {
+            return self.bpe.encode_ordinary(text).len() as u64;
+        }
+        let hash = *blake3::hash(text.as_bytes()).as_bytes();
+        {
+            let mut memo = self.memo();
+            if let Some(i) = memo.iter().position(|(h, _)| *h == hash) {
+                let entry = memo.remove(i);
+                memo.push(entry);
+                return entry.1;
+            }
+        }
+        let n = self.bpe.encode_ordinary(text).len() as u64;
+        let mut memo = self.memo();
+        if memo.len() >= MEMO_ENTRIES {
+            memo.remove(0);
+        }
+        memo.push((hash, n));
+        n
     }
 
     fn name(&self) -> &str {
@@ -132,6 +175,36 @@ mod tests {
         ] {
             assert!(!uses_cl100k(model), "{model}");
         }
+    }
+
+    /// Remembered counts are the counts: texts counted again, in turn and after others pushed
+    /// them out of the memo, count as a fresh encoding does.
+    #[test]
+    fn remembered_counts_equal_fresh_ones() {
+        let bpe = Encoding::O200k.bpe().unwrap();
+        let counter = Bpe::new(Encoding::O200k, bpe);
+        let texts: Vec<String> = (0..MEMO_ENTRIES + 3)
+            .map(|i| {
+                format!(
+                    "step {i}: {}",
+                    "the harness rules say keep going. ".repeat(10 + i)
+                )
+            })
+            .chain(["short".to_string()])
+            .collect();
+        let fresh = |t: &str| bpe.encode_ordinary(t).len() as u64;
+        for round in 0..3 {
+            for (i, t) in texts.iter().enumerate() {
+                assert_eq!(counter.count(t), fresh(t), "round {round}, text {i}");
+                assert_eq!(counter.count(&texts[0]), fresh(&texts[0]), "round {round}");
+            }
+        }
+        assert!(counter.memo().len() <= MEMO_ENTRIES);
+        // A text that differs from a remembered one is counted, not taken for it.
+        let (a, b) = (texts[1].clone(), format!("{} and then some", texts[1]));
+        let (na, nb) = (counter.count(&a), counter.count(&b));
+        assert_eq!((na, nb), (fresh(&a), fresh(&b)));
+        assert_ne!(na, nb);
     }
 
     #[test]
