@@ -781,7 +781,6 @@ fn parse_count(field: &[u8]) -> Result<u64, &'static str> {
         .ok_or("line counts")
 }
 
-/// A 40 (SHA-1) or 64 (SHA-256) digit lowercase hex object id.
 /// What a plain `HEAD` file says.
 enum HeadFile {
     /// `ref: <target>`, a full ref name under `refs/`.
@@ -825,6 +824,7 @@ fn read_plain_file(path: &Path) -> Option<String> {
     regular.then(|| fs::read_to_string(path).ok()).flatten()
 }
 
+/// A 40 (SHA-1) or 64 (SHA-256) digit lowercase hex object id.
 fn is_object_id(text: &str) -> bool {
     matches!(text.len(), 40 | 64) && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
