@@ -398,3 +398,32 @@ fn a_loop_is_caught_whichever_commit_of_the_run_fails() {
         f.verify_log_ok(id);
     });
 }
+
+/// A budget the last phase's verification itself goes over (here the acceptance verifier's
+/// own wall time) stops the run whichever commit of it fails: the block is in the commit of the
+/// verification, so a resumed run never goes on to accept and complete past it.
+#[test]
+fn a_budget_the_verification_exceeds_blocks_whichever_commit_of_the_run_fails() {
+    let slow = contract("wall_time = \"1s\"").replace(
+        "run = \"grep -qx done src/out.txt\"",
+        "run = \"sleep 1.5 && grep -qx done src/out.txt\"",
+    );
+    let script = format!("{}\n", done());
+    let blocked_on_wall_time = |f: &Fixture, id: &str, what: &str| {
+        let st = f.status(id);
+        assert_eq!(state(&st), "blocked", "{what}: {st:#}");
+        assert_eq!(st["block"]["budget"], "wall_time", "{what}: {st:#}");
+        f.verify_log_ok(id);
+    };
+    let twin = Fixture::new(&slow);
+    std::fs::write(twin.path("actions.jsonl"), &script).unwrap();
+    let (id, out) = twin.start(&[]);
+    assert_eq!(out.status.code(), Some(4), "{}", twin.explain(&out));
+    blocked_on_wall_time(&twin, &id, "without a fault");
+    common::with_each_commit_failing(&slow, &script, |f, id, what| {
+        if state(&f.status(id)) != "blocked" {
+            common::assert_no_panic(&f.run(&["resume", id]), what);
+        }
+        blocked_on_wall_time(f, id, what);
+    });
+}

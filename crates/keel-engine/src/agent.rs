@@ -1338,7 +1338,7 @@ impl Engine<'_> {
         if verifiers.is_empty() {
             let mut last = vec![finished, EventBody::StepVerified { step: id }];
             last.extend(then(self));
-            return self.end_step(id, last);
+            return self.commit_then_stop(last, Some(id));
         }
         self.commit(vec![finished])?;
         for v in verifiers {
@@ -1349,8 +1349,7 @@ impl Engine<'_> {
                     &evidence.status,
                     evidence.excerpt.as_deref().unwrap_or(""),
                 );
-                return self.end_step(
-                    id,
+                return self.commit_then_stop(
                     vec![EventBody::StepFailed {
                         step: id,
                         reason: format!(
@@ -1365,25 +1364,13 @@ impl Engine<'_> {
                     .into_iter()
                     .chain(then(self))
                     .collect(),
+                    Some(id),
                 );
             }
         }
         let mut last = vec![EventBody::StepVerified { step: id }];
         last.extend(then(self));
-        self.end_step(id, last)
-    }
-
-    /// Stores a step's last events and, in the same commit, the block on a loop the step
-    /// completes: with a crash or a failed commit between the two, the resumed run would take
-    /// another step and not see the loop it was in.
-    fn end_step(&mut self, id: StepId, last: Vec<EventBody>) -> Result<(), EngineError> {
-        self.stage(last)?;
-        if self.run.state == RunState::Executing
-            && let Some(pattern) = self.run.loop_detected()
-        {
-            return self.block_loop(id, pattern, None);
-        }
-        self.flush()
+        self.commit_then_stop(last, Some(id))
     }
 
     fn waiting_reason(&self, q: &keel_core::run::Question) -> String {
@@ -1535,7 +1522,7 @@ impl Engine<'_> {
                 ]);
             }
         }
-        self.commit(vec![EventBody::PhaseVerified { phase }])
+        self.commit_then_stop(vec![EventBody::PhaseVerified { phase }], None)
     }
 }
 

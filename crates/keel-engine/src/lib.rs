@@ -1328,7 +1328,31 @@ impl Engine<'_> {
         self.run.phases.get(phase as usize).is_some_and(|p| p.agent)
     }
 
-    /// Budgets a step may have gone over stop the run (if it is still going).
+    /// Stores `last`, the events that end a step or a phase's verification, and in the same
+    /// commit the stop they lead to: a loop the step `completes` (an agent step's id), or a
+    /// budget the work went over. With a crash or a failed commit between the two, the resumed
+    /// run would not see the stop: it takes another step, or goes on to accept the run.
+    pub(crate) fn commit_then_stop(
+        &mut self,
+        last: Vec<EventBody>,
+        completes: Option<StepId>,
+    ) -> Result<(), EngineError> {
+        self.stage(last)?;
+        if !self.run.state.needs_human() && !self.run.state.is_terminal() {
+            if let Some(id) = completes
+                && let Some(pattern) = self.run.loop_detected()
+            {
+                return self.block_loop(id, pattern, None);
+            }
+            if let Some(stop) = self.run.budget_stop_after_step() {
+                return self.stop_for_budget(stop);
+            }
+        }
+        self.flush()
+    }
+
+    /// Budgets a step may have gone over stop the run (if it is still going). The step's own
+    /// last commit has stopped on them already ([`Engine::commit_then_stop`]) where it could.
     fn after_step(&mut self) -> Result<(), EngineError> {
         if self.run.state.needs_human() || self.run.state.is_terminal() {
             return Ok(());
@@ -1535,7 +1559,7 @@ impl Engine<'_> {
                 }
             }
         }
-        self.commit(vec![EventBody::StepVerified { step: id }])
+        self.commit_then_stop(vec![EventBody::StepVerified { step: id }], None)
     }
 
     /// Records a failed step, rolled back to the tree it started from.
