@@ -885,6 +885,7 @@ fn simulate(seed: u64) -> Result<Seed, String> {
             )
         );
     }
+    let (model_requests, outage_errors) = faulty.model_requests(&scenario);
     Ok(Seed {
         faulty: faulty.faulty_processes,
         hits: faulty.hits,
@@ -901,8 +902,8 @@ fn simulate(seed: u64) -> Result<Seed, String> {
             .filter(|l| l.contains("held the run"))
             .count() as u32,
         cancelled: faulty.log.iter().filter(|l| l.contains("cancels")).count() as u32,
-        model_requests: faulty.model_requests(&scenario).0,
-        outage_errors: faulty.model_requests(&scenario).1,
+        model_requests,
+        outage_errors,
         end: format!("{:?}", got.0.state),
     })
 }
