@@ -16,13 +16,21 @@
 //! - The user's own conversion rules (`.gitattributes`, `core.autocrlf`, `core.fileMode`) apply
 //!   as they do to the user's own `git add` and `git checkout`, so a tree of a clean checkout is
 //!   HEAD's tree and a diff against HEAD is what `git diff HEAD` shows.
-//! - No libgit2: only `std::process::Command` running `git`.
+//! - No libgit2. git's own program builds trees, diffs and restores. Three answers keel gives
+//!   itself, each only where it knows the repository well enough and with git's behaviour as
+//!   the reference: a snapshot's commit object and loose ref (`object`), the last working-tree
+//!   tree while a survey of the working tree's stamps proves nothing changed (`treecache`), and
+//!   where a workspace's repository is (`opened`). Anything else is asked of git.
 //!
 //! Paths are reported as UTF-8 strings; a path that is not valid UTF-8 is reported lossily.
 
 mod command;
 mod error;
+mod facts;
+mod object;
+mod opened;
 pub mod spawn;
+mod treecache;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -101,6 +109,18 @@ impl Git {
                 reason: "not a directory",
             });
         }
+        // A repository opened before in this process, unchanged since: no process.
+        let canonical = fs::canonicalize(workdir).ok();
+        if let Some(known) = canonical.as_deref().and_then(opened::lookup) {
+            let git = Git {
+                root: known.root,
+                git_dir: known.git_dir,
+                index_file: known.index_file,
+                excludes: Vec::new(),
+            };
+            remove_orphaned_indexes(&git.git_dir);
+            return git.with_excludes(exclude);
+        }
         // One git process answers all three: the top of the working tree, the git directory
         // and the index file (relative to the directory git ran in).
         let dirs = Invocation::new(workdir).args([
@@ -148,6 +168,14 @@ impl Git {
             index_file: workdir.join(index_file),
             excludes: Vec::new(),
         };
+        if let Some(canonical) = &canonical {
+            opened::keep(
+                canonical,
+                git.root.clone(),
+                git.git_dir.clone(),
+                git.index_file.clone(),
+            );
+        }
         remove_orphaned_indexes(&git.git_dir);
         git.with_excludes(exclude)
     }
@@ -226,7 +254,46 @@ impl Git {
 
     /// [`Git::worktree_tree`] and the commit HEAD pointed at when the tree was built on it
     /// (what [`Git::head`] would say), from the same git processes.
+    ///
+    /// When nothing the last tree was built from has changed since (proven by a survey of the
+    /// working tree's stamps, see `treecache`), that tree is the answer and no git process
+    /// starts.
     pub fn worktree_tree_and_head(&self) -> Result<(String, Option<String>), GitError> {
+        let facts = self.tree_facts()?;
+        let surveyor = facts.as_deref().map(|facts| treecache::Surveyor {
+            root: &self.root,
+            git_dir: &self.git_dir,
+            excludes: &self.excludes,
+            facts,
+        });
+        let mut survey = None;
+        if let Some(surveyor) = &surveyor {
+            let head = self.head()?;
+            match surveyor.lookup(head.clone()) {
+                treecache::Lookup::Hit(tree) => return Ok((tree, head)),
+                treecache::Lookup::Miss(taken) => survey = taken,
+            }
+        }
+        let (tree, head) = self.build_worktree_tree()?;
+        if let (Some(surveyor), Some(survey)) = (&surveyor, survey) {
+            surveyor.keep(survey, &tree, &head);
+        }
+        Ok((tree, head))
+    }
+
+    /// The configuration facts a kept working-tree tree depends on, or `None` when no tree may
+    /// be kept: a linked worktree (whose configuration and ignore files are partly in the common
+    /// directory), configuration that includes other files, or a git that does not name its
+    /// configuration files.
+    fn tree_facts(&self) -> Result<Option<std::sync::Arc<facts::Facts>>, GitError> {
+        if fs::symlink_metadata(self.git_dir.join("commondir")).is_ok() {
+            return Ok(None);
+        }
+        Ok(facts::facts(&self.root, &self.git_dir)?.filter(|facts| !facts.includes))
+    }
+
+    /// The working-tree tree built by git in a temporary index, and the HEAD it was built on.
+    fn build_worktree_tree(&self) -> Result<(String, Option<String>), GitError> {
         let index = TempIndex::new(&self.git_dir);
         let (head, excluded_present) = self.read_head_into(&index)?;
         if excluded_present {
@@ -277,29 +344,85 @@ impl Git {
             });
         }
 
-        let mut commit_tree = self
-            .git()
-            .args(["commit-tree", tree])
-            .env("GIT_AUTHOR_NAME", "keel")
-            .env("GIT_AUTHOR_EMAIL", "keel@localhost")
-            .env("GIT_COMMITTER_NAME", "keel")
-            .env("GIT_COMMITTER_EMAIL", "keel@localhost")
-            .stdin(message.as_bytes().to_vec());
-        if let Some(parent) = parent {
-            commit_tree = commit_tree.args(["-p", parent]);
+        // keel writes the commit and the ref itself where the repository is the plain kind
+        // it knows (see `object`); git does everything else.
+        let commit = match self.in_process_snapshot(tree, parent, message)? {
+            Some(commit) => commit,
+            None => {
+                let mut commit_tree = self
+                    .git()
+                    .args(["commit-tree", tree])
+                    .env("GIT_AUTHOR_NAME", "keel")
+                    .env("GIT_AUTHOR_EMAIL", "keel@localhost")
+                    .env("GIT_COMMITTER_NAME", "keel")
+                    .env("GIT_COMMITTER_EMAIL", "keel@localhost")
+                    .stdin(message.as_bytes().to_vec());
+                if let Some(parent) = parent {
+                    commit_tree = commit_tree.args(["-p", parent]);
+                }
+                let commit = commit_tree.run_line("a commit id")?;
+                if !is_object_id(&commit) {
+                    return Err(commit_tree.unexpected("a commit id", commit));
+                }
+                self.update_ref(refname, &commit)?;
+                return Ok(commit);
+            }
+        };
+        if !object::write_ref(&self.git_dir, refname, &commit) {
+            self.update_ref(refname, &commit)?;
         }
-        let commit = commit_tree.run_line("a commit id")?;
-        if !is_object_id(&commit) {
-            return Err(commit_tree.unexpected("a commit id", commit));
-        }
+        Ok(commit)
+    }
 
+    /// The snapshot commit of `tree`, written by keel itself; `None` when git must write it:
+    /// a repository or object this does not know well enough (see `object`).
+    fn in_process_snapshot(
+        &self,
+        tree: &str,
+        parent: Option<&str>,
+        message: &str,
+    ) -> Result<Option<String>, GitError> {
+        let plain = |name: &str| fs::symlink_metadata(self.git_dir.join(name)).is_err();
+        // A linked worktree keeps its objects and refs in the common directory; reftable refs
+        // are not loose files.
+        if !is_object_id(tree) || !plain("commondir") || !plain("reftable") {
+            return Ok(None);
+        }
+        let Some(facts) = facts::facts(&self.root, &self.git_dir)? else {
+            return Ok(None);
+        };
+        if !facts.sha1 || facts.log_all_ref_updates || facts.shared_repository {
+            return Ok(None);
+        }
+        // As commit-tree does, name only objects that are there (a tree of a cached answer
+        // may have been pruned since; a parent may be in an alternate store only git reads).
+        let objects = self.git_dir.join("objects");
+        let known = |id: &str| object::present(&objects, id) == Some(true);
+        if !known(tree) || parent.is_some_and(|p| !is_object_id(p) || !known(p)) {
+            return Ok(None);
+        }
+        let secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_secs());
+        let body = object::commit_body(tree, parent, message, secs);
+        object::write_loose(&objects, "commit", &body)
+            .map(Some)
+            .map_err(|source| GitError::Io {
+                action: "write a snapshot commit into",
+                path: objects,
+                source,
+            })
+    }
+
+    /// `git update-ref` of `refname` to `commit`, killed if keel dies.
+    fn update_ref(&self, refname: &str, commit: &str) -> Result<(), GitError> {
         // --no-deref: if refname is a symbolic ref, replace it rather than move its target.
         self.git()
             .args(["update-ref", "--no-deref", "-m", "keel: snapshot"])
             .dies_with_keel()
-            .args([refname, commit.as_str()])
+            .args([refname, commit])
             .run()?;
-        Ok(commit)
+        Ok(())
     }
 
     /// Removes the lock file of ref `refname` left by a git that died while moving it (a
@@ -875,7 +998,10 @@ fn remove_orphaned_indexes(git_dir: &Path) {
     };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("keel-index-")) else {
+        let Some(rest) = name.to_str().and_then(|n| {
+            n.strip_prefix("keel-index-")
+                .or(n.strip_prefix("keel-probe-"))
+        }) else {
             continue;
         };
         let pid = rest.split('-').next().unwrap_or("");

@@ -5,7 +5,7 @@
 mod common;
 
 use common::Repo;
-use keel_git::GitError;
+use keel_git::{Git, GitError};
 
 #[test]
 fn snapshot_creates_the_ref_at_a_commit_with_the_tree_and_parent() {
@@ -197,4 +197,130 @@ fn a_stale_lock_on_a_keel_ref_can_be_cleared_and_the_snapshot_goes_ahead() {
     git.snapshot(&tree, None, "second", refname).unwrap();
     // Only keel's own refs.
     assert!(git.clear_ref_lock("refs/heads/main").is_err());
+}
+
+/// The commit keel wrote, checked by git: `fsck` finds nothing wrong with it, and git's own
+/// `commit-tree` of the same tree, parent, message and time names the very same object.
+fn assert_git_would_have_written(repo: &Repo, commit: &str, tree: &str, parent: Option<&str>) {
+    use std::io::Write;
+    let fsck = repo.git_output(&["fsck", "--strict", "--no-dangling"]);
+    assert!(
+        fsck.status.success(),
+        "git fsck: {}",
+        String::from_utf8_lossy(&fsck.stderr)
+    );
+    let stored = repo.git_output(&["cat-file", "commit", commit]).stdout;
+    let split = stored.windows(2).position(|w| w == b"\n\n").unwrap();
+    let (headers, message) = (
+        String::from_utf8_lossy(&stored[..split]),
+        &stored[split + 2..],
+    );
+    let time = headers
+        .lines()
+        .find_map(|line| line.strip_prefix("committer keel <keel@localhost> "))
+        .expect("a committer line");
+    let mut command = common::git_command(repo.path());
+    command
+        .args(["commit-tree", tree])
+        .env("GIT_AUTHOR_NAME", "keel")
+        .env("GIT_AUTHOR_EMAIL", "keel@localhost")
+        .env("GIT_COMMITTER_NAME", "keel")
+        .env("GIT_COMMITTER_EMAIL", "keel@localhost")
+        .env("GIT_AUTHOR_DATE", time)
+        .env("GIT_COMMITTER_DATE", time)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    if let Some(parent) = parent {
+        command.args(["-p", parent]);
+    }
+    let mut child = command.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(message).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), commit);
+}
+
+#[test]
+fn a_snapshot_keel_writes_itself_is_the_commit_git_would_write() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    let git = repo.open(&[]);
+    repo.write("b.txt", "b\n");
+    let tree = git.worktree_tree().unwrap();
+    let head = git.head().unwrap().unwrap();
+    for (message, refname, parent) in [
+        (
+            "keel: run r checkpoint 0",
+            "refs/keel/r/0",
+            Some(head.as_str()),
+        ),
+        ("two lines\nof message\n", "refs/keel/r/1", None),
+    ] {
+        let commit = git.snapshot(&tree, parent, message, refname).unwrap();
+        assert_eq!(repo.git(&["rev-parse", refname]), commit);
+        assert!(
+            repo.git_output(&["cat-file", "commit", &commit])
+                .stdout
+                .ends_with(message.as_bytes()),
+            "the message is kept byte for byte"
+        );
+        assert_git_would_have_written(&repo, &commit, &tree, parent);
+    }
+    // Its parent packed, as in a clone: found in the pack index.
+    repo.git(&["gc", "-q", "--prune=now"]);
+    assert!(
+        !repo
+            .path()
+            .join(".git/objects")
+            .join(&head[..2])
+            .join(&head[2..])
+            .exists()
+    );
+    let commit = git
+        .snapshot(&tree, Some(&head), "after gc", "refs/keel/r/2")
+        .unwrap();
+    assert_git_would_have_written(&repo, &commit, &tree, Some(&head));
+    assert_eq!(repo.git(&["rev-parse", &format!("{commit}^1")]), head);
+}
+
+#[test]
+fn a_snapshot_keeps_a_reflog_when_the_repository_asks_for_every_ref_to_have_one() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    repo.git(&["config", "core.logAllRefUpdates", "always"]);
+    let git = repo.open(&[]);
+    let tree = repo.head_tree();
+    git.snapshot(&tree, None, "one", "refs/keel/r/0").unwrap();
+    assert_eq!(
+        repo.git(&["reflog", "show", "--format=%gs", "refs/keel/r/0"]),
+        "keel: snapshot"
+    );
+}
+
+#[test]
+fn a_snapshot_under_a_name_a_packed_ref_holds_as_a_directory_fails_with_gits_message() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    let head = repo.git(&["rev-parse", "HEAD"]);
+    repo.git(&["update-ref", "refs/keel/r", &head]);
+    repo.git(&["pack-refs", "--all", "--prune"]);
+    let git = repo.open(&[]);
+    let err = git
+        .snapshot(&repo.head_tree(), None, "x", "refs/keel/r/1")
+        .unwrap_err();
+    assert!(
+        matches!(&err, GitError::Failed { command, .. } if command.contains("update-ref")),
+        "{err:?}"
+    );
+    assert_eq!(repo.git(&["rev-parse", "refs/keel/r"]), head);
+}
+
+#[test]
+fn a_snapshot_in_a_sha256_repository_is_written_by_git() {
+    let repo = Repo::new();
+    repo.git(&["init", "-q", "--object-format=sha256", "sub"]);
+    let sub = repo.path().join("sub");
+    std::fs::write(sub.join("a.txt"), "a\n").unwrap();
+    let git = Git::open(&sub, &[]).unwrap();
+    let tree = git.worktree_tree().unwrap();
+    assert_eq!(tree.len(), 64);
+    let commit = git.snapshot(&tree, None, "x", "refs/keel/r/0").unwrap();
+    assert_eq!(commit.len(), 64);
+    assert_eq!(git.resolve("refs/keel/r/0").unwrap(), Some(commit));
 }

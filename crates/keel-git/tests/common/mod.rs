@@ -160,6 +160,22 @@ impl Repo {
     }
 }
 
+/// Held by each test that counts git processes, for its whole length: the count is per process,
+/// and no other test may start one while it counts.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Runs `f` and returns its result with the number of git processes it started.
+pub fn counted<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    let before = keel_git::processes();
+    let out = f();
+    (out, keel_git::processes() - before)
+}
+
 /// A git command for fixtures: no global or system configuration, a fixed identity.
 pub fn git_command(dir: &Path) -> Command {
     let mut command = Command::new("git");
