@@ -1,20 +1,20 @@
 //! Events appended per second by concurrent writers, with and without group commit.
 //!
-//! W writer threads each own a run and append synthetic `note` steps (8 events in one commit,
-//! grouped as the engine groups them). Without group commit each writer has its own store
-//! connection and every commit is its own transaction and fsync (`Store::commit`, what keel
-//! does today). With group commit every writer hands its commits to one `GroupCommitter`,
-//! which puts whatever is waiting into one transaction and one fsync. Each mode writes to a
-//! fresh database in the same directory.
+//! W writer threads each own a run and a store connection and append synthetic `note` steps
+//! (8 events in one commit, grouped as the engine groups them) through `Store::commit`. With
+//! group commit (keel-store's default, what the engine does) the commits that wait for the
+//! write lock share the next transaction and fsync; without it (`Store::set_grouped(false)`)
+//! every commit is its own transaction and fsync. Each mode writes to a fresh database in the
+//! same directory.
 
 use std::path::Path;
 use std::sync::Barrier;
 use std::time::Instant;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Result, anyhow};
 use keel_core::event::{Event, EventBody};
 use keel_core::run::Run;
-use keel_store::{GroupCommitter, GroupOptions, Store};
+use keel_store::{CommitStats, Store};
 use serde_json::{Value, json};
 
 use crate::synth::{Sink, SynthRun, Template};
@@ -54,17 +54,55 @@ pub fn measure(
 ) -> Result<Trial> {
     let dir = tempfile::tempdir_in(base)?;
 
-    // Without group commit: a connection per writer.
-    let db = dir.path().join("separate").join("keel.db");
+    let (events, commits, elapsed, _) = trial(
+        dir.path(),
+        "separate",
+        created,
+        template,
+        writers,
+        steps,
+        false,
+    )?;
+    let separate = events as f64 / elapsed.as_secs_f64();
+    let (events_grouped, _, elapsed, stats) =
+        trial(dir.path(), "group", created, template, writers, steps, true)?;
+    let grouped = events_grouped as f64 / elapsed.as_secs_f64();
+    Ok(Trial {
+        writers,
+        events,
+        commits,
+        separate_events_per_s: separate,
+        group_events_per_s: grouped,
+        mean_batch: stats.commits as f64 / stats.transactions.max(1) as f64,
+        largest_batch: stats.largest,
+    })
+}
+
+/// One mode: `writers` threads, a connection each, `steps` steps each, into a fresh store
+/// under `dir/name`. (events, commits, wall time of all writers, the store's commit counts
+/// during it).
+fn trial(
+    dir: &Path,
+    name: &str,
+    created: &Event,
+    template: &Template,
+    writers: usize,
+    steps: usize,
+    grouped: bool,
+) -> Result<(u64, u64, std::time::Duration, CommitStats)> {
+    let db = dir.join(name).join("keel.db");
     let runs = create_runs(&db, created, template, writers)?;
+    let counter = Store::open(&db)?;
+    let before = counter.shared_commit_stats();
     let barrier = Barrier::new(writers + 1);
-    let (elapsed, counts) = std::thread::scope(|s| -> Result<_> {
+    let (elapsed, (events, commits)) = std::thread::scope(|s| -> Result<_> {
         let mut threads = Vec::new();
         for mut run in runs {
             let barrier = &barrier;
             let db = &db;
             threads.push(s.spawn(move || -> Result<(u64, u64)> {
                 let mut store = Store::open(db)?;
+                store.set_grouped(grouped);
                 barrier.wait();
                 write_steps(&mut Sink::Store(&mut store), &mut run, steps)
             }));
@@ -74,43 +112,13 @@ pub fn measure(
         let counts = join(threads)?;
         Ok((started.elapsed(), counts))
     })?;
-    let (events, commits) = counts;
-    let separate = events as f64 / elapsed.as_secs_f64();
-
-    // With group commit: one committer, a handle per writer.
-    let db = dir.path().join("group").join("keel.db");
-    let runs = create_runs(&db, created, template, writers)?;
-    let group = GroupCommitter::start(Store::open(&db)?, GroupOptions::default())?;
-    let barrier = Barrier::new(writers + 1);
-    let (elapsed, group_counts) = std::thread::scope(|s| -> Result<_> {
-        let mut threads = Vec::new();
-        for mut run in runs {
-            let barrier = &barrier;
-            let handle = group.handle();
-            threads.push(s.spawn(move || -> Result<(u64, u64)> {
-                barrier.wait();
-                write_steps(&mut Sink::Group(&handle), &mut run, steps)
-            }));
-        }
-        barrier.wait();
-        let started = Instant::now();
-        let counts = join(threads)?;
-        Ok((started.elapsed(), counts))
-    })?;
-    let stats = group.stats();
-    group
-        .stop()
-        .context("the group committer's thread failed")?;
-    let grouped = group_counts.0 as f64 / elapsed.as_secs_f64();
-    Ok(Trial {
-        writers,
-        events,
-        commits,
-        separate_events_per_s: separate,
-        group_events_per_s: grouped,
-        mean_batch: stats.commits as f64 / stats.batches.max(1) as f64,
-        largest_batch: stats.largest_batch,
-    })
+    let after = counter.shared_commit_stats();
+    let stats = CommitStats {
+        transactions: after.transactions - before.transactions,
+        commits: after.commits - before.commits,
+        largest: after.largest,
+    };
+    Ok((events, commits, elapsed, stats))
 }
 
 fn join(threads: Vec<std::thread::ScopedJoinHandle<'_, Result<(u64, u64)>>>) -> Result<(u64, u64)> {

@@ -10,7 +10,7 @@
 //! - `prompt_tokens`: the prompt size over the survey run (flat, never over `context_tokens`).
 //! - `resume_ms`: `keel_engine::resume` of runs with logs of 100, 10,000 and 100,000 events.
 //! - `events_per_s`: events appended per second by concurrent writers, with group commit
-//!   (`keel_store::GroupCommitter`) and without (a transaction per commit).
+//!   (`Store::commit`'s shared transactions) and without (a transaction per commit).
 //! - `concurrent_runs`: 1,000 runs in one process against a loopback model that answers after
 //!   50 ms, through keel's real OpenAI-compatible driver.
 //!
@@ -244,13 +244,13 @@ fn main() -> Result<()> {
             ),
             "group commit ≥ 2× the events per second of a transaction per commit, at every writer count",
             Some(best >= 2.0),
-            "Each writer thread owns a run and appends synthetic note steps (8 events in the \
-             engine's one commit per read-only step, built from a real step of the survey run). value: \
-             every writer hands its commits to one keel_store::GroupCommitter (one transaction \
-             and one fsync for whatever is waiting, each commit in its own savepoint with \
-             Store::commit's checks). reference: each writer has its own connection and every \
-             commit is its own fsynced transaction (Store::commit, what the engine does today). \
-             Events per second over the wall time of all writers.",
+            "Each writer thread owns a run and a store connection and appends synthetic note \
+             steps through Store::commit (8 events in the engine's one commit per read-only \
+             step, built from a real step of the survey run). value: group commit, keel-store's \
+             default and what the engine does: the commits that wait for the process's write \
+             lock share the next transaction and fsync, each in its own savepoint with its own \
+             checks. reference: Store::set_grouped(false), every commit its own fsynced \
+             transaction. Events per second over the wall time of all writers.",
         );
         f.insert(
             "trials".into(),

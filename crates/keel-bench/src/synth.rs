@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail, ensure};
 use keel_core::event::{EventBody, StepId};
 use keel_core::run::Run;
 use keel_core::state::RunState;
-use keel_store::{GroupHandle, Lease, Store, StoredEvent};
+use keel_store::{Lease, Store, StoredEvent};
 use serde_json::{Value, json};
 
 /// The event kinds of one `note` step, in order.
@@ -106,7 +106,6 @@ impl Template {
 /// Where a synthetic run's commits go.
 pub enum Sink<'a> {
     Store(&'a mut Store),
-    Group(&'a GroupHandle),
 }
 
 /// A run written to directly through the store, a step at a time.
@@ -144,7 +143,6 @@ impl SynthRun {
         let until = at_ms + 3_600_000;
         match sink {
             Sink::Store(store) => store.commit(&self.lease, &events, &next, None, until)?,
-            Sink::Group(handle) => handle.commit(&self.lease, &events, &next, None, until)?,
         }
         self.run = next;
         Ok(())
@@ -167,7 +165,6 @@ impl SynthRun {
         let until = at_ms + 3_600_000;
         match sink {
             Sink::Store(store) => store.commit(&self.lease, &events, &next, None, until)?,
-            Sink::Group(handle) => handle.commit(&self.lease, &events, &next, None, until)?,
         }
         self.run = next;
         Ok(())

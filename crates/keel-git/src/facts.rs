@@ -10,9 +10,8 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::GitError;
@@ -63,18 +62,40 @@ impl Stamp {
     }
 }
 
-/// The file system's clock now, read from a file created for the purpose in `dir` (and removed
-/// at once): a change made after this has a later stamp, or one in the same tick.
+/// The file system's clock now, read from a probe file of this process in `dir`: one byte
+/// written to it moves its modification time to now (or leaves it in the same tick), so a
+/// change made after this has a later stamp, or one in the same tick. The file is created once
+/// per process and directory and kept open (creating one per reading made threads queue on the
+/// directory); `Git::open` removes the probes of processes that are gone.
 pub(crate) fn clock(dir: &Path) -> Result<i128, std::io::Error> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let probe = dir.join(format!(
-        "keel-probe-{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let made = fs::File::create(&probe).and_then(|file| file.metadata());
-    let _ = fs::remove_file(&probe);
-    let stamp = Stamp::of(&made?);
+    static PROBES: Mutex<Option<HashMap<PathBuf, Arc<fs::File>>>> = Mutex::new(None);
+    let known = PROBES
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get_or_insert_with(HashMap::new)
+        .get(dir)
+        .cloned();
+    let probe = match known {
+        Some(probe) => probe,
+        None => {
+            let path = dir.join(format!("keel-probe-{}", std::process::id()));
+            let probe = Arc::new(
+                fs::File::options()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(path)?,
+            );
+            PROBES
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get_or_insert_with(HashMap::new)
+                .insert(dir.to_path_buf(), probe.clone());
+            probe
+        }
+    };
+    probe.write_all_at(b"x", 0)?;
+    let stamp = Stamp::of(&probe.metadata()?);
     Ok(stamp.mtime_ns.min(stamp.ctime_ns))
 }
 

@@ -989,9 +989,9 @@ fn normalize_exclude(path: &str) -> Result<String, GitError> {
     Ok(parts.join("/"))
 }
 
-/// A temporary index file in the git directory, deleted (with any lock git left) on drop.
-/// Temporary index files (and their locks) left by a keel process that was killed: their name
-/// carries the pid, and a pid with no process behind it left them. Best effort.
+/// Removes the temporary index files (and their locks) and clock probes left by a keel process
+/// that is gone: their name carries the pid, and a pid with no process behind it left them.
+/// Best effort.
 fn remove_orphaned_indexes(git_dir: &Path) {
     let Ok(entries) = fs::read_dir(git_dir) else {
         return;
@@ -1012,6 +1012,7 @@ fn remove_orphaned_indexes(git_dir: &Path) {
     }
 }
 
+/// A temporary index file in the git directory, deleted (with any lock git left) on drop.
 struct TempIndex {
     path: PathBuf,
 }

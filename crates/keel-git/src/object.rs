@@ -66,7 +66,6 @@ pub(crate) fn write_loose(objects: &Path, kind: &str, body: &[u8]) -> io::Result
     if fs::symlink_metadata(&path).is_ok() {
         return Ok(id);
     }
-    fs::create_dir_all(&dir)?;
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let temp = dir.join(format!(
         "tmp_obj_keel_{}_{}",
@@ -74,10 +73,7 @@ pub(crate) fn write_loose(objects: &Path, kind: &str, body: &[u8]) -> io::Result
         COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
     let written = (|| {
-        let file = fs::File::options()
-            .write(true)
-            .create_new(true)
-            .open(&temp)?;
+        let file = create_new_in(&temp)?;
         let mut encoder = flate2::write::ZlibEncoder::new(file, flate2::Compression::default());
         encoder.write_all(format!("{kind} {}\0", body.len()).as_bytes())?;
         encoder.write_all(body)?;
@@ -173,13 +169,8 @@ pub(crate) fn write_ref(git_dir: &Path, refname: &str, id: &str) -> bool {
         return false;
     }
     let path = git_dir.join(refname);
-    if let Some(parent) = path.parent()
-        && fs::create_dir_all(parent).is_err()
-    {
-        return false;
-    }
     let lock = lock_path(&path);
-    let Ok(mut file) = fs::File::options().write(true).create_new(true).open(&lock) else {
+    let Ok(mut file) = create_new_in(&lock) else {
         return false;
     };
     let written = file
@@ -189,6 +180,21 @@ pub(crate) fn write_ref(git_dir: &Path, refname: &str, id: &str) -> bool {
         let _ = fs::remove_file(&lock);
     }
     written.is_ok()
+}
+
+/// Creates the new file `path`, and its directory first if that is missing (asked only then:
+/// a `mkdir` of a directory that is there costs a path lookup under the parent's lock).
+fn create_new_in(path: &Path) -> io::Result<fs::File> {
+    let create = || fs::File::options().write(true).create_new(true).open(path);
+    match create() {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if let Some(parent) = path.parent() {
+                fs::create_dir_all(parent)?;
+            }
+            create()
+        }
+        other => other,
+    }
 }
 
 fn lock_path(path: &Path) -> PathBuf {

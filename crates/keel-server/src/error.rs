@@ -94,7 +94,8 @@ impl From<StoreError> for ApiError {
             | StoreError::Decode { .. }
             | StoreError::Projection { .. }
             | StoreError::NewerSchema { .. }
-            | StoreError::DamagedBlob { .. } => ApiError::internal(message),
+            | StoreError::DamagedBlob { .. }
+            | StoreError::SharedCommit { .. } => ApiError::internal(message),
         }
     }
 }

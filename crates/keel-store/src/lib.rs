@@ -9,9 +9,9 @@
 //! Large payloads live in the content-addressed [`Artifacts`] store beside the database.
 
 mod artifacts;
+mod batch;
 mod blob;
 mod fault;
-mod group;
 mod schema;
 mod verify;
 
@@ -23,7 +23,7 @@ use keel_core::run::Run;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 pub use artifacts::Artifacts;
-pub use group::{GroupCommitter, GroupError, GroupHandle, GroupOptions, GroupStats, Pending};
+pub use batch::CommitStats;
 pub use verify::{ChainProblem, verify_chain};
 
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +89,17 @@ pub enum StoreError {
         "artifact {hash} in the store is damaged: {reason}; `keel verify-log` lists what else is"
     )]
     DamagedBlob { hash: String, reason: String },
+    /// The transaction a commit shared with others of this process failed (it could not
+    /// begin, or its commit or fsync failed); whether it was written is as for a commit alone
+    /// that failed the same way.
+    #[error(
+        "store {path}: the transaction of {size} commits this one was part of failed: {message}"
+    )]
+    SharedCommit {
+        path: PathBuf,
+        size: usize,
+        message: String,
+    },
 }
 
 impl StoreError {
@@ -194,14 +205,17 @@ pub struct Store {
     commits: std::cell::Cell<u64>,
     /// Shared by every connection this process has to the same file: its writers queue here
     /// rather than in SQLite's busy handler, which sleeps and retries and, with many threads,
-    /// can leave one waiting past the busy timeout (`database is locked`).
-    writer: std::sync::Arc<std::sync::Mutex<()>>,
+    /// can leave one waiting past the busy timeout (`database is locked`); and commits that
+    /// wait are written together (see `batch`).
+    writer: std::sync::Arc<batch::Writers>,
+    /// Whether this connection's commits may share a transaction with others (the default).
+    grouped: bool,
 }
 
-/// The write lock of the store file at `path` in this process.
-fn writer_lock(path: &Path) -> std::sync::Arc<std::sync::Mutex<()>> {
+/// The writers of the store file at `path` in this process.
+fn writer_lock(path: &Path) -> std::sync::Arc<batch::Writers> {
     type Locks =
-        std::sync::Mutex<std::collections::HashMap<PathBuf, std::sync::Arc<std::sync::Mutex<()>>>>;
+        std::sync::Mutex<std::collections::HashMap<PathBuf, std::sync::Arc<batch::Writers>>>;
     static LOCKS: std::sync::OnceLock<Locks> = std::sync::OnceLock::new();
     let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     let mut locks = LOCKS
@@ -263,6 +277,7 @@ impl Store {
             rows: std::cell::RefCell::new(std::collections::HashMap::new()),
             commits: std::cell::Cell::new(0),
             writer: writer_lock(path),
+            grouped: true,
         })
     }
 
@@ -390,6 +405,7 @@ impl Store {
         };
         let writer = std::sync::Arc::clone(&self.writer);
         let _queued = writer
+            .lock
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let tx = self
@@ -448,6 +464,7 @@ impl Store {
         };
         let writer = std::sync::Arc::clone(&self.writer);
         let _queued = writer
+            .lock
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let tx = self
@@ -495,6 +512,7 @@ impl Store {
     pub fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         let _queued = self
             .writer
+            .lock
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.conn
@@ -511,6 +529,7 @@ impl Store {
     pub fn renew(&self, run_id: &str, holder: &str, until_ms: i64) -> Result<bool, StoreError> {
         let _queued = self
             .writer
+            .lock
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let n = self
@@ -544,6 +563,8 @@ impl Store {
     /// Appends `events` (already applied to `run`, which is the projection after them) and
     /// updates every projection, in one fsynced transaction, if the lease is still ours and the
     /// log is where the caller thinks it is. A checkpoint row is written in the same transaction.
+    /// Commits other threads of this process make to the same file at the same moment may share
+    /// the transaction and its fsync (see `batch`); each is checked and refused on its own.
     pub fn commit(
         &mut self,
         lease: &Lease,
@@ -552,42 +573,75 @@ impl Store {
         checkpoint: Option<&Checkpoint>,
         lease_until_ms: i64,
     ) -> Result<(), StoreError> {
-        let path = self.path.clone();
-        let sql = |source| StoreError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let writer = std::sync::Arc::clone(&self.writer);
-        let _queued = writer
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sql)?;
-        let mut rows = match self.rows.borrow_mut().remove(&lease.run_id) {
+        let rows = match self.rows.borrow_mut().remove(&lease.run_id) {
             Some(rows) => Written::Known(rows),
             None => Written::Unknown,
         };
-        write_events(
-            &tx,
-            lease,
-            events,
-            run,
-            checkpoint,
-            lease_until_ms,
-            &mut rows,
-        )
-        .map_err(|e| e.into_store(&path))?;
-        write_blobs(&tx, &self.pending_blobs.borrow()).map_err(sql)?;
-        finish(tx).map_err(sql)?;
-        self.pending_blobs.borrow_mut().clear();
-        self.commits.set(self.commits.get() + 1);
-        // Only a committed write is remembered: after a failure the rows are read again.
-        if let Written::Known(rows) = rows {
-            self.rows.borrow_mut().insert(lease.run_id.clone(), rows);
+        let blobs = std::mem::take(&mut *self.pending_blobs.borrow_mut());
+        let writer = std::sync::Arc::clone(&self.writer);
+        let written = writer.commit(
+            &mut self.conn,
+            &self.path,
+            batch::Commit {
+                lease,
+                events,
+                run,
+                checkpoint,
+                lease_until_ms,
+                blobs: &blobs,
+            },
+            rows,
+            self.grouped,
+        );
+        match written {
+            Ok(rows) => {
+                self.commits.set(self.commits.get() + 1);
+                // Only a committed write is remembered: after a failure the rows are read again.
+                if let Written::Known(rows) = rows {
+                    self.rows.borrow_mut().insert(lease.run_id.clone(), rows);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // The blobs stay waiting for the next commit, as the events that name them do.
+                self.pending_blobs.borrow_mut().extend(blobs);
+                Err(e)
+            }
         }
-        Ok(())
+    }
+
+    /// Holds this process's write lock of the store file until the guard is dropped: commits
+    /// other threads make meanwhile wait, and are then written together. For work that must
+    /// see the store still, and for tests of shared commits.
+    pub fn hold_writes(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.writer
+            .lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// How many commits of this process wait for the write lock of this store file.
+    pub fn waiting_commits(&self) -> usize {
+        self.writer.waiting()
+    }
+
+    /// The transactions [`Store::commit`] has written to this store file in this process, and
+    /// the commits they held (more commits than transactions: commits shared one).
+    pub fn shared_commit_stats(&self) -> CommitStats {
+        self.writer.stats()
+    }
+
+    /// How long this connection waits for another process's write lock before a write fails
+    /// (10 seconds unless set).
+    pub fn set_busy_timeout(&self, timeout: std::time::Duration) -> Result<(), StoreError> {
+        self.conn.busy_timeout(timeout).map_err(|e| self.sql(e))
+    }
+
+    /// Whether this connection's commits may share a transaction (and its fsync) with the
+    /// commits other threads of this process make at the same moment (on by default). Off, each
+    /// commit is a transaction of its own: the benchmark's reference.
+    pub fn set_grouped(&mut self, grouped: bool) {
+        self.grouped = grouped;
     }
 
     /// Cuts a torn tail: removes the events from `from_seq` on (and the checkpoints and evidence
@@ -608,6 +662,7 @@ impl Store {
         };
         let writer = std::sync::Arc::clone(&self.writer);
         let _queued = writer
+            .lock
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let tx = self
@@ -846,6 +901,7 @@ impl Store {
         };
         let writer = std::sync::Arc::clone(&self.writer);
         let _queued = writer
+            .lock
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let tx = self

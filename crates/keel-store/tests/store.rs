@@ -4,9 +4,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use keel_core::budget::BudgetLimits;
-use keel_core::event::{Event, EventBody, PhaseOutline, StepId};
-use keel_core::fingerprint::Fingerprint;
+mod common;
+
+use common::created;
+use keel_core::event::{Event, EventBody, StepId};
 use keel_core::run::Run;
 use keel_store::{ChainProblem, Store, StoreError, verify_chain};
 
@@ -14,33 +15,6 @@ fn open() -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join(".keel/keel.db")).unwrap();
     (dir, store)
-}
-
-fn created(id: &str) -> (Event, Run) {
-    let e = Event {
-        run_id: id.into(),
-        seq: 1,
-        at_ms: 1000,
-        body: EventBody::RunCreated {
-            contract_hash: "c".repeat(64),
-            contract_file: "keel.toml".into(),
-            workspace: "/w".into(),
-            phases: vec![PhaseOutline {
-                name: "p".into(),
-                commands: vec!["true".into()],
-                agent: false,
-                approval: false,
-            }],
-            acceptance: vec!["a".into()],
-            limits: BudgetLimits::default(),
-            base: Fingerprint::default(),
-            keel_version: "0".into(),
-            driver: None,
-            sandbox_off: false,
-        },
-    };
-    let run = Run::create(&e).unwrap();
-    (e, run)
 }
 
 /// Appends `bodies` after the run's last event, returning the events and the new projection.

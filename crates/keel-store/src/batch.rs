@@ -1,0 +1,316 @@
+//! Commits of one process to one store file, written together: one transaction and one fsync
+//! for whatever commits are waiting.
+//!
+//! Every connection a process has to a store file shares one [`Writers`]: the write lock (SQLite
+//! takes one writer at a time anyway; queuing here rather than in SQLite's busy handler keeps a
+//! thread from sleeping past the busy timeout) and the commits waiting for it. A thread that
+//! commits while the lock is free writes at once, its own commit and any that are waiting. A
+//! thread that finds the lock taken leaves its commit in the queue and waits for the lock; by
+//! the time it has the lock, the thread before it has usually written its commit with its own
+//! (each in a savepoint, one `COMMIT` for all), so it returns at once; if not, it writes what is
+//! waiting. So with one writer nothing changes, and with many, the commits that queue during one
+//! fsync share the next.
+//!
+//! Each commit gets its own result: one that fails its checks (a stale lease token, a log that
+//! moved) is rolled back to its savepoint and refused alone, with the error a commit of its own
+//! would have had; a failure of the transaction (it cannot begin, or its `COMMIT` or fsync
+//! fails) is every commit's, and a batch of more than one reports it as
+//! [`StoreError::SharedCommit`].
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+
+use keel_core::checkpoint::Checkpoint;
+use keel_core::event::Event;
+use keel_core::run::Run;
+use rusqlite::TransactionBehavior;
+
+use crate::{Lease, StoreError, Written, write_blobs, write_events};
+
+/// The write lock of one store file in this process, and the commits waiting for it.
+#[derive(Default)]
+pub(crate) struct Writers {
+    pub(crate) lock: Mutex<()>,
+    state: Mutex<State>,
+    /// Signalled when a leader is done: its followers' outcomes are set, and another may lead.
+    turn: Condvar,
+    /// Transactions written through here, and the commits they held.
+    transactions: AtomicU64,
+    commits: AtomicU64,
+    largest: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    /// Commits left for the next leader.
+    queue: Vec<Arc<Slot>>,
+    /// Whether a thread is leading: waiting for the lock, then writing what is queued with its
+    /// own commit.
+    leading: bool,
+    /// Whether the leader is still waiting for the lock (its own commit waits with the queue).
+    leader_waiting: bool,
+}
+
+/// A queued commit and its outcome.
+struct Slot {
+    queued: Mutex<Queued>,
+    done: AtomicBool,
+}
+
+/// The transactions `Store::commit` wrote to one store file in this process: how many, the
+/// commits they held, the most one held.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    pub transactions: u64,
+    pub commits: u64,
+    pub largest: u64,
+}
+
+/// One commit: what `Store::commit` was given, and the blobs waiting for it.
+pub(crate) struct Commit<'a> {
+    pub lease: &'a Lease,
+    pub events: &'a [Event],
+    pub run: &'a Run,
+    pub checkpoint: Option<&'a Checkpoint>,
+    pub lease_until_ms: i64,
+    pub blobs: &'a [(String, i64, Vec<u8>)],
+}
+
+/// A commit left in the queue by a thread that found the lock taken.
+pub(crate) struct Queued {
+    lease: Lease,
+    events: Vec<Event>,
+    run: Run,
+    checkpoint: Option<Checkpoint>,
+    lease_until_ms: i64,
+    blobs: Vec<(String, i64, Vec<u8>)>,
+    written: Option<Written>,
+    /// Set, with the rows the write left, by the thread that wrote it.
+    outcome: Option<Result<Written, StoreError>>,
+}
+
+impl Queued {
+    fn commit(&self) -> Commit<'_> {
+        Commit {
+            lease: &self.lease,
+            events: &self.events,
+            run: &self.run,
+            checkpoint: self.checkpoint.as_ref(),
+            lease_until_ms: self.lease_until_ms,
+            blobs: &self.blobs,
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Writers {
+    /// Commits waiting for the lock now.
+    pub(crate) fn waiting(&self) -> usize {
+        let state = lock(&self.state);
+        state.queue.len() + usize::from(state.leader_waiting)
+    }
+
+    /// Transactions written through `Store::commit` in this process, and the commits they held.
+    pub(crate) fn stats(&self) -> CommitStats {
+        CommitStats {
+            transactions: self.transactions.load(Ordering::Relaxed),
+            commits: self.commits.load(Ordering::Relaxed),
+            largest: self.largest.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Writes `commit` on `conn`, with the commits other threads leave waiting meanwhile.
+    /// Returns the rows the write left (for the caller's cache), or why it failed.
+    ///
+    /// One thread at a time leads: it waits for the lock, takes every commit queued by then,
+    /// writes them with its own in one transaction and wakes their threads. A thread that
+    /// comes while another leads queues a copy of its commit and waits to be woken: its commit
+    /// is written by that leader or the next, or, when no one leads any more, by itself.
+    pub(crate) fn commit(
+        &self,
+        conn: &mut rusqlite::Connection,
+        path: &std::path::Path,
+        commit: Commit<'_>,
+        written: Written,
+        grouped: bool,
+    ) -> Result<Written, StoreError> {
+        if !grouped {
+            let _held = lock(&self.lock);
+            return write(self, conn, path, Some((commit, written)), &[])
+                .unwrap_or_else(|| Err(abandoned(path)));
+        }
+        let mut state = lock(&self.state);
+        if !state.leading {
+            // Nobody leads: lead, with this commit as it is (no copy).
+            state.leading = true;
+            state.leader_waiting = true;
+            drop(state);
+            let _leading = Leading(self);
+            let _held = lock(&self.lock);
+            let waiting = {
+                let mut state = lock(&self.state);
+                state.leader_waiting = false;
+                std::mem::take(&mut state.queue)
+            };
+            return write(self, conn, path, Some((commit, written)), &waiting)
+                .unwrap_or_else(|| Err(abandoned(path)));
+        }
+        let slot = Arc::new(Slot {
+            queued: Mutex::new(Queued {
+                lease: commit.lease.clone(),
+                events: commit.events.to_vec(),
+                run: commit.run.clone(),
+                checkpoint: commit.checkpoint.cloned(),
+                lease_until_ms: commit.lease_until_ms,
+                blobs: commit.blobs.to_vec(),
+                written: Some(written),
+                outcome: None,
+            }),
+            done: AtomicBool::new(false),
+        });
+        state.queue.push(slot.clone());
+        loop {
+            state = self
+                .turn
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+            if slot.done.load(Ordering::Acquire) {
+                break;
+            }
+            if !state.leading {
+                // The leaders before left it queued: lead, and write it with the others.
+                state.leading = true;
+                drop(state);
+                let _leading = Leading(self);
+                let _held = lock(&self.lock);
+                let waiting = std::mem::take(&mut lock(&self.state).queue);
+                write(self, conn, path, None, &waiting);
+                break;
+            }
+        }
+        let outcome = lock(&slot.queued).outcome.take();
+        outcome.unwrap_or_else(|| Err(abandoned(path)))
+    }
+}
+
+/// A thread's lead, given up when it is dropped (also when the thread panics): the next may
+/// lead, and every thread waiting looks at its outcome.
+struct Leading<'a>(&'a Writers);
+
+impl Drop for Leading<'_> {
+    fn drop(&mut self) {
+        let mut state = lock(&self.0.state);
+        state.leading = false;
+        state.leader_waiting = false;
+        self.0.turn.notify_all();
+    }
+}
+
+/// A queued commit whose writer stopped before giving it an outcome (it panicked).
+fn abandoned(path: &std::path::Path) -> StoreError {
+    StoreError::SharedCommit {
+        path: path.to_path_buf(),
+        size: 0,
+        message: "the thread writing it stopped first; it may or may not be written".to_string(),
+    }
+}
+
+/// One transaction for `own` (this thread's commit, if it has one) and `queued`. Sets each
+/// queued commit's outcome and returns `own`'s.
+fn write(
+    writers: &Writers,
+    conn: &mut rusqlite::Connection,
+    path: &std::path::Path,
+    own: Option<(Commit<'_>, Written)>,
+    queued: &[Arc<Slot>],
+) -> Option<Result<Written, StoreError>> {
+    let mut guards: Vec<_> = queued.iter().map(|slot| lock(&slot.queued)).collect();
+    let has_own = own.is_some();
+    let mut written = Vec::with_capacity(guards.len() + 1);
+    let mut commits = Vec::with_capacity(guards.len() + 1);
+    if let Some((commit, own_written)) = own {
+        commits.push(commit);
+        written.push(own_written);
+    }
+    for guard in &mut guards {
+        written.push(guard.written.take().unwrap_or(Written::Unknown));
+    }
+    commits.extend(guards.iter().map(|guard| guard.commit()));
+    let size = commits.len();
+    let outcomes = write_commits(conn, path, &commits, written);
+    if outcomes.is_ok() {
+        writers.transactions.fetch_add(1, Ordering::Relaxed);
+        writers.commits.fetch_add(size as u64, Ordering::Relaxed);
+        writers.largest.fetch_max(size as u64, Ordering::Relaxed);
+    }
+    let outcomes = match outcomes {
+        Ok(outcomes) => outcomes,
+        // The transaction's failure is every commit's; a commit alone reports it as its own.
+        Err(source) if size == 1 => vec![Err(StoreError::Sqlite {
+            path: path.to_path_buf(),
+            source,
+        })],
+        Err(e) => (0..size)
+            .map(|_| {
+                Err(StoreError::SharedCommit {
+                    path: path.to_path_buf(),
+                    size,
+                    message: e.to_string(),
+                })
+            })
+            .collect(),
+    };
+    drop(commits);
+    let mut outcomes = outcomes.into_iter();
+    let own = if has_own { outcomes.next() } else { None };
+    for guard in &mut guards {
+        guard.outcome = Some(outcomes.next().unwrap_or_else(|| Err(abandoned(path))));
+    }
+    drop(guards);
+    for slot in queued {
+        slot.done.store(true, Ordering::Release);
+    }
+    own
+}
+
+/// Writes `commits` in one transaction, each in a savepoint with its `written` rows: the
+/// outcome of each (the rows it left, or why it was refused, alone), or the transaction's own
+/// failure, which is all of theirs.
+pub(crate) fn write_commits(
+    conn: &mut rusqlite::Connection,
+    path: &std::path::Path,
+    commits: &[Commit<'_>],
+    written: Vec<Written>,
+) -> Result<Vec<Result<Written, StoreError>>, rusqlite::Error> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut outcomes = Vec::with_capacity(commits.len());
+    for (commit, mut written) in commits.iter().zip(written) {
+        tx.execute_batch("SAVEPOINT keel_commit")?;
+        let result = write_events(
+            &tx,
+            commit.lease,
+            commit.events,
+            commit.run,
+            commit.checkpoint,
+            commit.lease_until_ms,
+            &mut written,
+        )
+        .and_then(|()| Ok(write_blobs(&tx, commit.blobs)?));
+        match result {
+            Ok(()) => {
+                tx.execute_batch("RELEASE keel_commit")?;
+                outcomes.push(Ok(written));
+            }
+            Err(e) => {
+                tx.execute_batch("ROLLBACK TO keel_commit; RELEASE keel_commit")?;
+                outcomes.push(Err(e.into_store(path)));
+            }
+        }
+    }
+    // Through `finish`, so that `KEEL_STORE_FAULT` reaches a shared commit as it does any other.
+    crate::finish(tx)?;
+    Ok(outcomes)
+}
