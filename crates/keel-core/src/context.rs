@@ -104,7 +104,16 @@ pub fn compact_failure(output: &str, max_lines: usize) -> String {
     out.join("\n")
 }
 
+/// The headers and the closing line of a prompt's user text.
+const PLAN: &str = "\n## Plan\n";
+const EVIDENCE: &str = "\n## Latest verification\n";
+const REJECTED: &str = "\n## Rejected paths (do not try these again)\n";
+const NOTES: &str = "\n## Notes\n";
+const OBSERVATIONS: &str = "\n## Recent observations (oldest first)\n";
+const CLOSING: &str = "\nDecide the next action and make it with tool calls.\n";
+
 /// Everything a prompt is made of, already selected from the run.
+#[derive(Clone)]
 struct Sections {
     task: String,
     phase: String,
@@ -122,40 +131,71 @@ impl Sections {
         out.push_str(&self.task);
         out.push_str(&self.phase);
         if !self.plan.is_empty() {
-            out.push_str("\n## Plan\n");
+            out.push_str(PLAN);
             for (i, item) in self.plan.iter().enumerate() {
                 out.push_str(&format!("{}. {item}\n", i + 1));
             }
         }
         out.push_str(&self.budgets);
         if !self.evidence.is_empty() {
-            out.push_str("\n## Latest verification\n");
+            out.push_str(EVIDENCE);
             for e in &self.evidence {
                 out.push_str(e);
                 out.push('\n');
             }
         }
         if !self.rejected.is_empty() {
-            out.push_str("\n## Rejected paths (do not try these again)\n");
+            out.push_str(REJECTED);
             for r in &self.rejected {
                 out.push_str(&format!("- {r}\n"));
             }
         }
         if !self.notes.is_empty() {
-            out.push_str("\n## Notes\n");
+            out.push_str(NOTES);
             for n in &self.notes {
                 out.push_str(&format!("- {n}\n"));
             }
         }
         if !self.observations.is_empty() {
-            out.push_str("\n## Recent observations (oldest first)\n");
+            out.push_str(OBSERVATIONS);
             for o in &self.observations {
                 out.push_str(o);
                 out.push('\n');
             }
         }
-        out.push_str("\nDecide the next action and make it with tool calls.\n");
+        out.push_str(CLOSING);
         out
+    }
+
+    /// `render().len()`, without rendering.
+    fn rendered_len(&self) -> usize {
+        let listed = |header: &str, items: &[String], around: usize| {
+            if items.is_empty() {
+                0
+            } else {
+                header.len() + items.iter().map(|i| i.len() + around).sum::<usize>()
+            }
+        };
+        let plan = if self.plan.is_empty() {
+            0
+        } else {
+            PLAN.len()
+                + self
+                    .plan
+                    .iter()
+                    .enumerate()
+                    .map(|(i, item)| (i + 1).to_string().len() + 2 + item.len() + 1)
+                    .sum::<usize>()
+        };
+        self.task.len()
+            + self.phase.len()
+            + plan
+            + self.budgets.len()
+            + listed(EVIDENCE, &self.evidence, 1)
+            + listed(REJECTED, &self.rejected, 3)
+            + listed(NOTES, &self.notes, 3)
+            + listed(OBSERVATIONS, &self.observations, 1)
+            + CLOSING.len()
     }
 
     /// Drops or shortens the least important material; false when nothing is left to drop.
@@ -168,7 +208,9 @@ impl Sections {
             self.notes.remove(0);
             return true;
         }
-        if self.plan.len() > 3 {
+        // Three items and a mark that the rest were cut: cut once (the mark makes four, which
+        // must not count as a plan to cut again).
+        if self.plan.len() > 4 {
             self.plan.truncate(3);
             self.plan.push("…".into());
             return true;
@@ -286,7 +328,7 @@ pub fn assemble(
             )
         })
         .collect();
-    let mut sections = Sections {
+    let sections = Sections {
         task,
         phase: phase_text,
         plan: run.plan.clone(),
@@ -298,23 +340,103 @@ pub fn assemble(
     };
     let tools_json = serde_json::to_string(tools).unwrap_or_default();
     let fixed = counter.count(HARNESS_RULES) + counter.count(&tools_json);
-    loop {
-        let user = sections.render();
-        let tokens = fixed + counter.count(&user);
-        if tokens <= limit {
-            return Ok(Prompt {
-                system: HARNESS_RULES.to_string(),
-                user,
-                tokens,
-            });
+    fit(sections, fixed, counter, limit)
+}
+
+/// The fullest prompt of `sections` within `limit`: what shrinking one piece at a time and
+/// counting after each would find (dropping least important material first), with far fewer
+/// counts. Each cut is one more call of [`Sections::shrink`]; a prompt's tokens fall as cuts
+/// are made, so the fewest cuts that fit are found by search: a first guess from the text's
+/// length (tokens run in proportion to it), then outwards in doubling strides until a cut that
+/// fits and one that does not bracket the answer, then halving between them. Every count is
+/// exact, and the prompt returned was counted as it is.
+fn fit(
+    sections: Sections,
+    fixed: u64,
+    counter: &dyn TokenCount,
+    limit: u64,
+) -> Result<Prompt, ContextTooSmall> {
+    let first = sections.render();
+    let tokens = fixed + counter.count(&first);
+    if tokens <= limit {
+        return Ok(Prompt {
+            system: HARNESS_RULES.to_string(),
+            user: first,
+            tokens,
+        });
+    }
+    // The length of the text after each number of cuts (cuts and lengths are cheap; renders
+    // and counts are not).
+    let mut lengths = vec![first.len()];
+    let mut walk = sections.clone();
+    while walk.shrink() {
+        lengths.push(walk.rendered_len());
+    }
+    let last = lengths.len() - 1;
+    let mut counted: Vec<Option<(u64, String)>> = vec![None; lengths.len()];
+    counted[0] = Some((tokens, first));
+    let mut count = |k: usize| -> u64 {
+        counted[k]
+            .get_or_insert_with(|| {
+                let mut state = sections.clone();
+                for _ in 0..k {
+                    state.shrink();
+                }
+                let text = state.render();
+                (fixed + counter.count(&text), text)
+            })
+            .0
+    };
+    let needed = count(last);
+    if needed > limit {
+        return Err(ContextTooSmall { limit, needed });
+    }
+    // The guess: the first state whose length, at the first state's tokens per byte, fits.
+    let per_byte = tokens.saturating_sub(fixed) as f64 / lengths[0].max(1) as f64;
+    let room = limit.saturating_sub(fixed) as f64;
+    let guess = (1..=last)
+        .find(|&k| lengths[k] as f64 * per_byte <= room)
+        .unwrap_or(last);
+    // `over` does not fit (state 0 does not), `within` does (the last does); the answer is in
+    // (over, within].
+    let (mut over, mut within) = if count(guess) <= limit {
+        let mut within = guess;
+        let mut stride = 1;
+        loop {
+            let k = within.saturating_sub(stride);
+            if count(k) > limit {
+                break (k, within);
+            }
+            within = k;
+            stride *= 2;
         }
-        if !sections.shrink() {
-            return Err(ContextTooSmall {
-                limit,
-                needed: tokens,
-            });
+    } else {
+        let mut over = guess;
+        let mut stride = 1;
+        loop {
+            let k = (over + stride).min(last);
+            if count(k) <= limit {
+                break (over, k);
+            }
+            over = k;
+            stride *= 2;
+        }
+    };
+    while within - over > 1 {
+        let middle = over + (within - over) / 2;
+        if count(middle) <= limit {
+            within = middle;
+        } else {
+            over = middle;
         }
     }
+    count(within);
+    let (tokens, user) = counted.swap_remove(within).unwrap_or_default();
+    Ok(Prompt {
+        system: HARNESS_RULES.to_string(),
+        user,
+        tokens,
+    })
 }
 
 #[cfg(test)]
@@ -338,6 +460,136 @@ mod tests {
     #[test]
     fn short_output_is_kept_whole() {
         assert_eq!(compact_failure("a\nb\n", 10), "a\nb");
+    }
+
+    /// The search as it was: one cut at a time, counting after each.
+    fn fit_one_cut_at_a_time(
+        mut sections: Sections,
+        fixed: u64,
+        counter: &dyn TokenCount,
+        limit: u64,
+    ) -> Result<Prompt, ContextTooSmall> {
+        loop {
+            let user = sections.render();
+            let tokens = fixed + counter.count(&user);
+            if tokens <= limit {
+                return Ok(Prompt {
+                    system: HARNESS_RULES.to_string(),
+                    user,
+                    tokens,
+                });
+            }
+            if !sections.shrink() {
+                return Err(ContextTooSmall {
+                    limit,
+                    needed: tokens,
+                });
+            }
+        }
+    }
+
+    /// Counts words and counts the calls.
+    struct Words(std::cell::Cell<u64>);
+
+    impl TokenCount for Words {
+        fn count(&self, text: &str) -> u64 {
+            self.0.set(self.0.get() + 1);
+            text.split_whitespace().count() as u64
+        }
+    }
+
+    fn items(lengths: &[usize], word: &str) -> Vec<String> {
+        lengths
+            .iter()
+            .enumerate()
+            .map(|(i, n)| format!("{word}{i} {}", "w ".repeat(*n)))
+            .collect()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_search_finds_what_one_cut_at_a_time_finds_with_fewer_counts(
+            observations in proptest::collection::vec(0usize..60, 0..40),
+            notes in proptest::collection::vec(0usize..40, 0..20),
+            plan in proptest::collection::vec(0usize..10, 0..12),
+            evidence in proptest::collection::vec(0usize..300, 0..3),
+            rejected in proptest::collection::vec(0usize..20, 0..4),
+            fixed in 0u64..50,
+            limit in 0u64..2500,
+        ) {
+            let sections = Sections {
+                task: "## Task\nGoal: g\n".into(),
+                phase: "\n## Phase 1/1: p (step 3)\nObjective: o\n".into(),
+                plan: items(&plan, "plan"),
+                budgets: "\n## Budgets left\nsteps: 3 of 9 left\n".into(),
+                evidence: items(&evidence, "evidence"),
+                rejected: items(&rejected, "rejected"),
+                notes: items(&notes, "note"),
+                observations: items(&observations, "observation"),
+            };
+            proptest::prop_assert_eq!(sections.rendered_len(), sections.render().len());
+            let states = {
+                let mut walk = sections.clone();
+                let mut n = 1usize;
+                while walk.shrink() {
+                    n += 1;
+                }
+                n
+            };
+            let (searched, linear) = (Words(0.into()), Words(0.into()));
+            let found = fit(sections.clone(), fixed, &searched, limit);
+            let wanted = fit_one_cut_at_a_time(sections, fixed, &linear, limit);
+            proptest::prop_assert_eq!(&found, &wanted);
+            if let Ok(prompt) = &found {
+                proptest::prop_assert!(prompt.tokens <= limit);
+            }
+            // The first state, the last, and strides out and halvings back: a few counts per
+            // doubling of the number of states, however many cuts the answer is.
+            let doublings = u64::from(usize::BITS - states.leading_zeros());
+            proptest::prop_assert!(
+                searched.0.get() <= 3 + 2 * doublings,
+                "{} counts for {} states", searched.0.get(), states
+            );
+        }
+    }
+
+    /// Found by the property test below: a plan was cut to three items and a mark, which made
+    /// four, which was cut again, for ever; so a prompt that could not fit with a plan of more
+    /// than three items never returned.
+    #[test]
+    fn a_prompt_that_cannot_fit_with_a_long_plan_is_refused_not_cut_for_ever() {
+        let sections = Sections {
+            task: "## Task\nGoal: g\n".into(),
+            phase: String::new(),
+            plan: items(&[3; 10], "plan"),
+            budgets: String::new(),
+            evidence: Vec::new(),
+            rejected: Vec::new(),
+            notes: Vec::new(),
+            observations: Vec::new(),
+        };
+        let err = fit_one_cut_at_a_time(sections.clone(), 0, &Words(0.into()), 2).unwrap_err();
+        assert_eq!(err.limit, 2);
+        assert_eq!(fit(sections, 0, &Words(0.into()), 2), Err(err));
+    }
+
+    #[test]
+    fn a_prompt_far_over_the_limit_takes_a_few_counts_not_one_per_cut() {
+        let sections = Sections {
+            task: "## Task\nGoal: g\n".into(),
+            phase: String::new(),
+            plan: Vec::new(),
+            budgets: String::new(),
+            evidence: Vec::new(),
+            rejected: Vec::new(),
+            notes: items(&[30; 40], "note"),
+            observations: items(&[30; 60], "observation"),
+        };
+        let (searched, linear) = (Words(0.into()), Words(0.into()));
+        let found = fit(sections.clone(), 10, &searched, 400);
+        assert_eq!(found, fit_one_cut_at_a_time(sections, 10, &linear, 400));
+        assert!(linear.0.get() > 80, "{}", linear.0.get());
+        assert!(searched.0.get() <= 8, "{} counts", searched.0.get());
     }
 
     #[test]
