@@ -593,3 +593,43 @@ fn bad_raises_are_usage_errors_that_change_nothing() {
     );
     assert!(stderr(&out).contains("completed"), "{}", f.explain(&out));
 }
+
+/// A budget a command phase's own verification goes over (here its wall time) stops the run,
+/// as an agent phase's does, whichever commit of the run fails: before, the run went on to
+/// accept and completed past the budget.
+#[test]
+fn a_budget_a_command_phases_verification_exceeds_blocks_whichever_commit_fails() {
+    let slow = format!(
+        "{}\n[[verify]]\nname = \"checked\"\ntier = \"phase\"\nrun = 'sleep 1.5 && test -f a.txt'\n",
+        contract(
+            "wall_time = \"1s\"",
+            "test -f a.txt",
+            &[s("echo a > a.txt")]
+        )
+    );
+    let blocked_on_wall_time = |f: &Fixture, id: &str, what: &str| {
+        let st = f.status(id);
+        assert_eq!(state(&st), "blocked", "{what}: {st:#}");
+        assert_eq!(st["block"]["budget"], "wall_time", "{what}: {st:#}");
+        let events = f.events(id);
+        assert_eq!(of_kind(&events, "phase_verified").len(), 1, "{what}");
+        assert!(
+            of_kind(&events, "evidence_recorded")
+                .iter()
+                .all(|e| e["body"]["evidence"]["tier"] != "acceptance"),
+            "{what}: the run did not go on to accept: {:?}",
+            kinds(&events)
+        );
+        f.verify_log_ok(id);
+    };
+    let twin = Fixture::new(&slow);
+    let (id, out) = twin.start(&[]);
+    assert_eq!(out.status.code(), Some(4), "{}", twin.explain(&out));
+    blocked_on_wall_time(&twin, &id, "without a fault");
+    common::with_each_commit_failing(&slow, "", |f, id, what| {
+        if state(&f.status(id)) != "blocked" {
+            common::assert_no_panic(&f.run(&["resume", id]), what);
+        }
+        blocked_on_wall_time(f, id, what);
+    });
+}

@@ -1787,7 +1787,9 @@ impl Engine<'_> {
                 return self.block_verification(&format!("phase `{name}`"), &evidence);
             }
         }
-        self.commit(vec![EventBody::PhaseVerified { phase }])
+        // As an agent phase's: a budget the verification went over stops the run in the same
+        // commit, so neither this run nor a resumed one goes on past it.
+        self.commit_then_stop(vec![EventBody::PhaseVerified { phase }], None)
     }
 
     fn block_verification(&mut self, what: &str, evidence: &Evidence) -> Result<(), EngineError> {

@@ -241,7 +241,10 @@ fn write(
     commits.extend(guards.iter().map(|guard| guard.commit()));
     let size = commits.len();
     let outcomes = write_commits(conn, path, &commits, written);
-    if outcomes.is_ok() {
+    if outcomes
+        .as_ref()
+        .is_ok_and(|outcomes| outcomes.iter().any(Result::is_ok))
+    {
         writers.transactions.fetch_add(1, Ordering::Relaxed);
         writers.commits.fetch_add(size as u64, Ordering::Relaxed);
         writers.largest.fetch_max(size as u64, Ordering::Relaxed);
@@ -276,9 +279,10 @@ fn write(
     own
 }
 
-/// Writes `commits` in one transaction, each in a savepoint with its `written` rows: the
-/// outcome of each (the rows it left, or why it was refused, alone), or the transaction's own
-/// failure, which is all of theirs.
+/// Writes `commits` in one transaction, each in a savepoint with its `written` rows (a commit
+/// alone needs none): the outcome of each (the rows it left, or why it was refused, alone), or
+/// the transaction's own failure, which is all of theirs. A transaction in which every commit
+/// was refused is rolled back, not committed, as a commit alone that is refused always was.
 pub(crate) fn write_commits(
     conn: &mut rusqlite::Connection,
     path: &std::path::Path,
@@ -286,9 +290,17 @@ pub(crate) fn write_commits(
     written: Vec<Written>,
 ) -> Result<Vec<Result<Written, StoreError>>, rusqlite::Error> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let savepoints = commits.len() > 1;
+    // Cached statements: each commit of a batch makes the same ones.
+    let run = |sql: &str| -> rusqlite::Result<()> {
+        tx.prepare_cached(sql)?.execute([])?;
+        Ok(())
+    };
     let mut outcomes = Vec::with_capacity(commits.len());
     for (commit, mut written) in commits.iter().zip(written) {
-        tx.execute_batch("SAVEPOINT keel_commit")?;
+        if savepoints {
+            run("SAVEPOINT keel_commit")?;
+        }
         let result = write_events(
             &tx,
             commit.lease,
@@ -301,14 +313,23 @@ pub(crate) fn write_commits(
         .and_then(|()| Ok(write_blobs(&tx, commit.blobs)?));
         match result {
             Ok(()) => {
-                tx.execute_batch("RELEASE keel_commit")?;
+                if savepoints {
+                    run("RELEASE keel_commit")?;
+                }
                 outcomes.push(Ok(written));
             }
             Err(e) => {
-                tx.execute_batch("ROLLBACK TO keel_commit; RELEASE keel_commit")?;
+                if savepoints {
+                    run("ROLLBACK TO keel_commit")?;
+                    run("RELEASE keel_commit")?;
+                }
                 outcomes.push(Err(e.into_store(path)));
             }
         }
+    }
+    if outcomes.iter().all(Result::is_err) {
+        tx.rollback()?;
+        return Ok(outcomes);
     }
     // Through `finish`, so that `KEEL_STORE_FAULT` reaches a shared commit as it does any other.
     crate::finish(tx)?;
