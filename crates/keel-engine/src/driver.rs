@@ -121,7 +121,10 @@ impl ScriptCall {
 /// Replays a JSONL file of actions, one per model call: for tests, demos and replaying a run.
 pub struct ScriptDriver {
     path: PathBuf,
-    lines: Vec<String>,
+    text: String,
+    /// Where each action is in `text` (lines that are not blank or `#` comments, trimmed): one
+    /// allocation for the whole script, which a long run's may be a megabyte of.
+    lines: Vec<std::ops::Range<usize>>,
 }
 
 impl ScriptDriver {
@@ -132,14 +135,19 @@ impl ScriptDriver {
                 path.display()
             ))
         })?;
-        let lines = text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-            .map(str::to_string)
-            .collect();
+        let mut lines = Vec::new();
+        let mut start = 0;
+        for line in text.split_inclusive('\n') {
+            let trimmed = line.trim();
+            if !trimmed.is_empty() && !trimmed.starts_with('#') {
+                let offset = start + (line.len() - line.trim_start().len());
+                lines.push(offset..offset + trimmed.len());
+            }
+            start += line.len();
+        }
         Ok(ScriptDriver {
             path: path.to_path_buf(),
+            text,
             lines,
         })
     }
@@ -156,9 +164,9 @@ impl Driver for ScriptDriver {
 
     fn send(&mut self, _request: &[u8], ctx: &SendContext<'_>) -> Result<Exchange, DriverError> {
         let index = usize::try_from(ctx.call_no.saturating_sub(1)).unwrap_or(usize::MAX);
-        match self.lines.get(index) {
+        match self.lines.get(index).and_then(|r| self.text.get(r.clone())) {
             Some(line) => Ok(Exchange {
-                response: line.clone().into_bytes(),
+                response: line.as_bytes().to_vec(),
                 retries: Vec::new(),
                 duration_ms: 0,
             }),
@@ -368,9 +376,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_script_is_its_lines_but_blank_ones_and_comments_trimmed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.jsonl");
+        std::fs::write(
+            &path,
+            "# a comment\n\n  {\"tool\": \"a\"}  \r\n\t{\"tool\": \"b\"}\n   \n{}",
+        )
+        .unwrap();
+        let d = ScriptDriver::load(&path).unwrap();
+        let lines: Vec<&str> = d.lines.iter().map(|r| &d.text[r.clone()]).collect();
+        assert_eq!(lines, [r#"{"tool": "a"}"#, r#"{"tool": "b"}"#, "{}"]);
+    }
+
+    #[test]
     fn script_actions_parse_in_every_form() {
         let d = ScriptDriver {
             path: "s.jsonl".into(),
+            text: String::new(),
             lines: vec![],
         };
         let r = d

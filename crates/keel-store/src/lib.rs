@@ -267,6 +267,10 @@ impl Store {
             .map_err(sql)?;
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(sql)?;
+        // SQLite's page cache is per connection (2 MB by default). A process driving many runs
+        // has a connection for each, and with group commit any of them may write every run's
+        // pages; 512 KB holds what one commit or one resume reads.
+        conn.pragma_update(None, "cache_size", -512).map_err(sql)?;
         schema::migrate(&conn, path)?;
         let dir = path.parent().unwrap_or(Path::new(".")).join("artifacts");
         Ok(Store {
