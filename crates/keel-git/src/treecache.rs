@@ -83,6 +83,23 @@ fn with_kept<T>(f: impl FnOnce(&mut HashMap<Key, Slot>) -> T) -> T {
         .get_or_insert_with(HashMap::new))
 }
 
+/// The most working trees one process keeps an answer for: a worker that serves many
+/// workspaces over days keeps the recent ones (a survey can hold 20,000 entries).
+const MAX_KEPT: usize = 32;
+
+/// Keeps `slot` for `key`, first forgetting some other working tree when `MAX_KEPT` are kept.
+fn keep_slot(key: Key, slot: Slot) {
+    with_kept(|kept| {
+        if kept.len() >= MAX_KEPT && !kept.contains_key(&key) {
+            // Any one: the one asked for next is built again by git, as it was before.
+            if let Some(other) = kept.keys().next().cloned() {
+                kept.remove(&other);
+            }
+        }
+        kept.insert(key, slot);
+    });
+}
+
 /// How the survey is taken.
 pub(crate) struct Surveyor<'a> {
     pub root: &'a Path,
@@ -118,7 +135,7 @@ impl Surveyor<'_> {
         let survey = match self.survey(head) {
             Ok(survey) => survey,
             Err(Unprovable::TooLarge) => {
-                with_kept(|k| k.insert(key, Slot::TooLarge));
+                keep_slot(key, Slot::TooLarge);
                 return Lookup::Miss(None);
             }
             Err(Unprovable::Not) => return Lookup::Miss(None),
@@ -143,7 +160,7 @@ impl Surveyor<'_> {
             survey,
             tree: tree.to_string(),
         });
-        with_kept(|k| k.insert(self.key(), Slot::Kept(kept)));
+        keep_slot(self.key(), Slot::Kept(kept));
     }
 
     /// The survey of now; an error when it cannot prove anything.

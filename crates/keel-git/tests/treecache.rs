@@ -319,3 +319,22 @@ fn a_kept_tree_that_was_pruned_is_built_again() {
     assert_eq!(again, tree);
     assert!(Path::new(&object).exists(), "written again");
 }
+
+#[test]
+fn a_process_keeps_the_trees_of_a_bounded_number_of_working_trees() {
+    let _serial = one_at_a_time();
+    let repos: Vec<Repo> = (0..40)
+        .map(|i| Repo::with_commit(&[("a.txt", &format!("{i}\n"))]))
+        .collect();
+    let gits: Vec<Git> = repos.iter().map(|r| r.open(&[])).collect();
+    settle(&repos[39]);
+    for git in &gits {
+        asked(git);
+    }
+    let again: Vec<u64> = gits.iter().map(|git| asked(git).1).collect();
+    let answered = again.iter().filter(|started| **started == 0).count();
+    assert!(
+        (1..=32).contains(&answered),
+        "{answered} of 40 answered from a kept tree: {again:?}"
+    );
+}
