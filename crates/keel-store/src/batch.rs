@@ -31,6 +31,11 @@ use crate::{Lease, StoreError, Written, write_blobs, write_events};
 #[derive(Default)]
 pub(crate) struct Writers {
     pub(crate) lock: Mutex<()>,
+    /// The connection shared commits are written on, opened by the first leader and taken
+    /// only with `lock` held. One connection keeps its page cache: SQLite drops a connection's
+    /// whole cache when it sees that another connection wrote, so leaders writing on their own
+    /// connections by turns each read every page they touch again.
+    conn: Mutex<Option<Shared>>,
     state: Mutex<State>,
     /// Signalled when a leader is done: its followers' outcomes are set, and another may lead.
     turn: Condvar,
@@ -49,6 +54,12 @@ struct State {
     leading: bool,
     /// Whether the leader is still waiting for the lock (its own commit waits with the queue).
     leader_waiting: bool,
+}
+
+/// The shared write connection and the busy timeout last set on it.
+struct Shared {
+    conn: rusqlite::Connection,
+    busy: std::time::Duration,
 }
 
 /// A queued commit and its outcome.
@@ -136,6 +147,7 @@ impl Writers {
         commit: Commit<'_>,
         written: Written,
         grouped: bool,
+        busy: std::time::Duration,
     ) -> Result<Written, StoreError> {
         if !grouped {
             let _held = lock(&self.lock);
@@ -155,7 +167,8 @@ impl Writers {
                 state.leader_waiting = false;
                 std::mem::take(&mut state.queue)
             };
-            return write(self, conn, path, Some((commit, written)), &waiting)
+            return self
+                .lead(conn, path, busy, Some((commit, written)), &waiting)
                 .unwrap_or_else(|| Err(abandoned(path)));
         }
         let slot = Arc::new(Slot {
@@ -187,12 +200,44 @@ impl Writers {
                 let _leading = Leading(self);
                 let _held = lock(&self.lock);
                 let waiting = std::mem::take(&mut lock(&self.state).queue);
-                write(self, conn, path, None, &waiting);
+                self.lead(conn, path, busy, None, &waiting);
                 break;
             }
         }
         let outcome = lock(&slot.queued).outcome.take();
         outcome.unwrap_or_else(|| Err(abandoned(path)))
+    }
+}
+
+impl Writers {
+    /// [`write`] as the leader, with the write lock held: on the shared write connection, or on
+    /// the leader's own when the shared one cannot be opened (the leader's then reports what
+    /// is wrong with the file, if anything is).
+    fn lead(
+        &self,
+        own_conn: &mut rusqlite::Connection,
+        path: &std::path::Path,
+        busy: std::time::Duration,
+        own: Option<(Commit<'_>, Written)>,
+        queued: &[Arc<Slot>],
+    ) -> Option<Result<Written, StoreError>> {
+        let mut shared = lock(&self.conn);
+        if shared.is_none() {
+            *shared = crate::connect(path).ok().map(|conn| Shared {
+                conn,
+                busy: crate::BUSY_TIMEOUT,
+            });
+        }
+        let conn = match shared.as_mut() {
+            Some(shared) => {
+                if shared.busy != busy && shared.conn.busy_timeout(busy).is_ok() {
+                    shared.busy = busy;
+                }
+                &mut shared.conn
+            }
+            None => own_conn,
+        };
+        write(self, conn, path, own, queued)
     }
 }
 

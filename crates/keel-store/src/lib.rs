@@ -210,19 +210,52 @@ pub struct Store {
     writer: std::sync::Arc<batch::Writers>,
     /// Whether this connection's commits may share a transaction with others (the default).
     grouped: bool,
+    /// How long a commit of this connection waits for another process's write lock.
+    busy: std::time::Duration,
 }
 
-/// The writers of the store file at `path` in this process.
+/// How long a connection waits for another process's write lock unless told otherwise.
+const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A connection to the store file at `path` with keel's settings (the schema is not touched).
+pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
+    let sql = |source| StoreError::Sqlite {
+        path: path.to_path_buf(),
+        source,
+    };
+    let conn = Connection::open(path).map_err(sql)?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(sql)?;
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(sql)?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(sql)?;
+    // SQLite's page cache is per connection (2 MB by default). A process driving many runs
+    // has a connection for each; 512 KB holds what one resume reads. Their event commits are
+    // written through one connection of the process (see `batch`), whose cache stays warm.
+    conn.pragma_update(None, "cache_size", -512).map_err(sql)?;
+    Ok(conn)
+}
+
+/// The writers of the store file at `path` in this process: shared while any connection to it
+/// is open, so the write connection they hold is closed with the last.
 fn writer_lock(path: &Path) -> std::sync::Arc<batch::Writers> {
     type Locks =
-        std::sync::Mutex<std::collections::HashMap<PathBuf, std::sync::Arc<batch::Writers>>>;
+        std::sync::Mutex<std::collections::HashMap<PathBuf, std::sync::Weak<batch::Writers>>>;
     static LOCKS: std::sync::OnceLock<Locks> = std::sync::OnceLock::new();
     let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     let mut locks = LOCKS
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    locks.entry(key).or_default().clone()
+    if let Some(writers) = locks.get(&key).and_then(std::sync::Weak::upgrade) {
+        return writers;
+    }
+    // Files no connection holds any more are let go, so a process that opens many stores
+    // (a test suite) keeps only the open ones.
+    locks.retain(|_, writers| writers.strong_count() > 0);
+    let writers = std::sync::Arc::new(batch::Writers::default());
+    locks.insert(key, std::sync::Arc::downgrade(&writers));
+    writers
 }
 
 /// The queryable rows of a run's projection as last written: step (phase, index) to (state,
@@ -256,21 +289,7 @@ impl Store {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|e| StoreError::io(parent, e))?;
         }
-        let sql = |source| StoreError::Sqlite {
-            path: path.to_path_buf(),
-            source,
-        };
-        let conn = Connection::open(path).map_err(sql)?;
-        conn.busy_timeout(std::time::Duration::from_secs(10))
-            .map_err(sql)?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(sql)?;
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(sql)?;
-        // SQLite's page cache is per connection (2 MB by default). A process driving many runs
-        // has a connection for each, and with group commit any of them may write every run's
-        // pages; 512 KB holds what one commit or one resume reads.
-        conn.pragma_update(None, "cache_size", -512).map_err(sql)?;
+        let conn = connect(path)?;
         schema::migrate(&conn, path)?;
         let dir = path.parent().unwrap_or(Path::new(".")).join("artifacts");
         Ok(Store {
@@ -282,6 +301,7 @@ impl Store {
             commits: std::cell::Cell::new(0),
             writer: writer_lock(path),
             grouped: true,
+            busy: BUSY_TIMEOUT,
         })
     }
 
@@ -596,6 +616,7 @@ impl Store {
             },
             rows,
             self.grouped,
+            self.busy,
         );
         match written {
             Ok(rows) => {
@@ -637,7 +658,8 @@ impl Store {
 
     /// How long this connection waits for another process's write lock before a write fails
     /// (10 seconds unless set).
-    pub fn set_busy_timeout(&self, timeout: std::time::Duration) -> Result<(), StoreError> {
+    pub fn set_busy_timeout(&mut self, timeout: std::time::Duration) -> Result<(), StoreError> {
+        self.busy = timeout;
         self.conn.busy_timeout(timeout).map_err(|e| self.sql(e))
     }
 
