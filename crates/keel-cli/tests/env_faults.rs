@@ -3,6 +3,10 @@
 //! - drift between a crash in the middle of a step and the resume (HEAD, a tracked file, the
 //!   lockfile and a fingerprint command's output, all at once): the interrupted step is rolled
 //!   back, the run is blocked naming every change, and a migration completes it;
+//! - a person's edit between keel's death in the middle of a command and the resume: only the
+//!   command's own write is undone (it came before the command's noted end), the edit is kept
+//!   and reported as drift, and a migration completes the run on the person's tree; without an
+//!   edit the command's write is undone and the run completes by itself;
 //! - a contract tool that times out: the observation says so and the run goes on; a tool that
 //!   times out every time ends as `same_error` says;
 //! - a model API failing for a window (500/429): a short window is retried within the retry
@@ -132,21 +136,103 @@ fn drift_after_a_crash_mid_step_blocks_naming_every_change_and_migrate_completes
     f.verify_log_ok(&id);
 }
 
-#[test]
-#[ignore = "keel bug found by this test: rolling back a command step interrupted by a crash \
-            puts the whole working tree back to the step's start, so a person's edit made \
-            between the crash and the resume is undone (kept only under the interrupted ref) \
-            and never reported as drift"]
-fn a_persons_edit_after_a_crash_mid_step_is_reported_not_undone() {
+/// keel killed while the second step's command sleeps between its two writes: the command is
+/// surely running (its first write is there), unlike at the `command running` fault point,
+/// which may come before the sandbox has started it. Waits until the command has noted its end
+/// (the sandbox ends it when keel dies), as a person coming to the machine after a crash would
+/// find it. Returns the fixture, the run id, the end file and the directory of the
+/// fingerprinted tool-version file.
+fn killed_while_the_command_runs() -> (Fixture, String, std::path::PathBuf, tempfile::TempDir) {
     let outside = tempfile::tempdir().unwrap();
-    let (f, id, _) = killed_mid_step(outside.path());
-    std::fs::write(f.path("README.md"), "edited by a person\n").unwrap();
-    std::fs::write(f.path("Cargo.lock"), "# lock v2\n").unwrap();
+    let tool = outside.path().join("tool-version");
+    std::fs::write(&tool, "tool 1.0\n").unwrap();
+    let f = Fixture::new(&mid_step_contract(&tool));
+    let (id, ended) = kill_once(&f, "marker.txt", "a\nb\n");
+    (f, id, ended, outside)
+}
+
+/// Starts the run of `f`, kills keel with SIGKILL once `file` holds `content`, and waits for
+/// the killed command to note its end. Returns the run id and the end file.
+fn kill_once(f: &Fixture, file: &str, content: &str) -> (String, std::path::PathBuf) {
+    let mut child = f
+        .keel()
+        .args(["run", "keel.toml"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::fs::read_to_string(f.path(file)).unwrap_or_default() != content {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{file} never held {content:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let mut printed = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut printed)
+        .unwrap();
+    let id = printed
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("run "))
+        .unwrap_or_else(|| panic!("no run id in {printed:?}"))
+        .trim()
+        .to_string();
+    let ended = f.path(&format!(".keel/tmp/{id}.ended"));
+    while !ended.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the killed command never noted its end at {}",
+            ended.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    (id, ended)
+}
+
+/// Writes `content` to `path` so that its change time is later than `ended`'s (the file
+/// system's clock is coarse: a write in the same tick would not be later).
+fn edit_after(path: &std::path::Path, content: &str, ended: &std::path::Path) {
+    use std::os::unix::fs::MetadataExt;
+    let end = std::fs::metadata(ended).unwrap();
+    let end = (end.mtime(), end.mtime_nsec());
+    loop {
+        std::fs::write(path, content).unwrap();
+        let now = std::fs::metadata(path).unwrap();
+        if (now.ctime(), now.ctime_nsec()) > end {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_persons_edit_after_a_crash_mid_step_is_reported_not_undone() {
+    let (f, id, ended, _outside) = killed_while_the_command_runs();
+    edit_after(&f.path("README.md"), "edited by a person\n", &ended);
+    edit_after(&f.path("Cargo.lock"), "# lock v2\n", &ended);
     let out = f.run(&["resume", &id]);
     assert_eq!(
         std::fs::read_to_string(f.path("README.md")).unwrap(),
         "edited by a person\n",
         "the person's edit is kept\n{}",
+        f.explain(&out)
+    );
+    assert_eq!(
+        std::fs::read_to_string(f.path("Cargo.lock")).unwrap(),
+        "# lock v2\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(f.path("marker.txt")).unwrap(),
+        "a\n",
+        "the interrupted command's own write is undone\n{}",
         f.explain(&out)
     );
     assert_eq!(out.status.code(), Some(4), "{}", f.explain(&out));
@@ -157,6 +243,67 @@ fn a_persons_edit_after_a_crash_mid_step_is_reported_not_undone() {
             f.explain(&out)
         );
     }
+    let events = f.events(&id);
+    let rolled = of_kind(&events, "step_rolled_back");
+    assert_eq!(rolled.len(), 1, "{:?}", kinds(&events));
+    assert_eq!(
+        rolled[0]["body"]["restored"],
+        json!(["marker.txt"]),
+        "{:?}",
+        rolled[0]
+    );
+    // The tree as it was found is kept, the person's edits with the command's write.
+    let saved = rolled[0]["body"]["saved_ref"].as_str().unwrap();
+    assert_eq!(
+        git(f.root(), &["show", &format!("{saved}:marker.txt")]),
+        "a\nb"
+    );
+    assert_eq!(
+        git(f.root(), &["show", &format!("{saved}:README.md")]),
+        "edited by a person"
+    );
+    // The person accepts what they did; the step runs again on their tree.
+    f.expect(
+        &["resume", &id, "--migrate", "--reason", "my edits are meant"],
+        0,
+    );
+    assert_eq!(state(&f.status(&id)), "completed");
+    assert_eq!(
+        std::fs::read_to_string(f.path("marker.txt")).unwrap(),
+        "a\nb\nb2\nc\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(f.path("README.md")).unwrap(),
+        "edited by a person\n"
+    );
+    f.verify_log_ok(&id);
+}
+
+/// Without a person: the command's own writes are all undone and the run goes on by itself.
+#[test]
+fn a_crash_while_a_command_runs_is_undone_whole_when_nobody_touched_the_tree() {
+    let (f, id, ended, _outside) = killed_while_the_command_runs();
+    f.expect(&["resume", &id], 0);
+    assert_eq!(state(&f.status(&id)), "completed");
+    assert!(!ended.exists(), "a finished run's end file is removed");
+    assert_eq!(
+        std::fs::read_to_string(f.path("marker.txt")).unwrap(),
+        "a\nb\nb2\nc\n"
+    );
+    let events = f.events(&id);
+    let rolled = of_kind(&events, "step_rolled_back");
+    assert_eq!(
+        rolled[0]["body"]["restored"],
+        json!(["marker.txt"]),
+        "{:?}",
+        rolled[0]
+    );
+    assert!(
+        of_kind(&events, "drift_detected").is_empty(),
+        "{:?}",
+        kinds(&events)
+    );
+    f.verify_log_ok(&id);
 }
 
 // ---------------------------------------------------------------------------------------------

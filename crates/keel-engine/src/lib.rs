@@ -279,6 +279,56 @@ pub struct Engine<'a> {
     fresh_step: Option<StepId>,
     /// The diff of the run's base against a tree, as last computed: (tree, files, lines).
     diff_cache: Option<(String, u64, u64)>,
+    /// When the last command this run started before this process had ended with every
+    /// process of it gone (its end file, read before this process ran any command); `None`
+    /// when that is not known. A path changed after it was not changed by that command.
+    commands_ended: Option<std::time::SystemTime>,
+}
+
+/// The file where a run's commands note their end (see `Confinement::note_ends_in`).
+fn end_file(tmp: &Path, run_id: &str) -> PathBuf {
+    tmp.join(format!("{run_id}.ended"))
+}
+
+/// Whether `change` (between two trees of the working tree at `workspace`) was made after
+/// `ended`: the path's status change time (a deleted path's: its directory's) is later. A path
+/// that cannot be looked at counts as not later.
+fn changed_after(
+    workspace: &Path,
+    change: &keel_git::Change,
+    ended: std::time::SystemTime,
+) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let path = workspace.join(&change.path);
+    // A deleted path's nearest directory still there was changed when it went.
+    let meta = if change.status == 'D' {
+        path.ancestors()
+            .skip(1)
+            .take_while(|p| p.starts_with(workspace))
+            .find_map(|p| std::fs::symlink_metadata(p).ok())
+    } else {
+        std::fs::symlink_metadata(&path).ok()
+    };
+    let Some(meta) = meta else {
+        return false;
+    };
+    let (Ok(secs), Ok(nanos)) = (
+        u64::try_from(meta.ctime()),
+        u32::try_from(meta.ctime_nsec()),
+    ) else {
+        return false;
+    };
+    std::time::UNIX_EPOCH + std::time::Duration::new(secs, nanos) > ended
+}
+
+/// What undoing an interrupted change of the working tree did.
+struct Undone {
+    /// Paths put back as they were.
+    restored: Vec<String>,
+    /// Paths changed after the run's last command had ended, left as they are.
+    kept: Vec<String>,
+    /// The ref that keeps the working tree as it was found.
+    saved_ref: String,
 }
 
 /// The confinement of a run's commands from its contract; an error if the kernel cannot
@@ -439,6 +489,7 @@ pub fn start(
     let mut env = environment_from(store, &workspace, probe)?;
     // Refused before the run exists when the kernel cannot confine its commands.
     env.confinement = confinement_for(&contract, &env)?;
+    env.confinement.note_ends_in(end_file(&env.tmp, run_id));
     let scrubber = known_secrets(&contract, &env)?;
     let base = env.fingerprint(&contract)?;
     let mut limits = contract.budget.clone();
@@ -516,6 +567,7 @@ pub fn start(
         poisoned: false,
         fresh_step: None,
         diff_cache: None,
+        commands_ended: None,
     };
     engine.mcp = mcp::McpTools::connect(&engine.contract, &engine.env.workspace, &|names| {
         engine.secret_env(names)
@@ -665,7 +717,12 @@ pub fn resume(
     let tools = agent_workspace(Path::new(&run.workspace))?;
     let scrubber = known_secrets(&contract, &env)?;
     let mut env = env;
+    // Read before any command of this process rewrites it.
+    let commands_ended = std::fs::metadata(end_file(&env.tmp, &id))
+        .and_then(|m| m.modified())
+        .ok();
     env.confinement = confinement_for(&contract, &env)?;
+    env.confinement.note_ends_in(end_file(&env.tmp, &id));
     store.set_scrubber(scrubber.clone());
     let mut engine = Engine {
         store,
@@ -683,6 +740,7 @@ pub fn resume(
         poisoned: false,
         fresh_step: None,
         diff_cache: None,
+        commands_ended,
     };
     engine.mcp = mcp::McpTools::connect(&engine.contract, &engine.env.workspace, &|names| {
         engine.secret_env(names)
@@ -1261,6 +1319,10 @@ impl Engine<'_> {
     fn release(&mut self) {
         // Best effort: a lease that is not released expires, and a dead holder is seen as such.
         let _ = self.store.release(&self.lease);
+        // A finished run starts no command again: its end file has nothing more to tell.
+        if self.run.state.is_terminal() {
+            let _ = std::fs::remove_file(end_file(&self.env.tmp, &self.run.id));
+        }
     }
 
     fn drive(mut self) -> Result<Run, EngineError> {
@@ -1605,39 +1667,94 @@ impl Engine<'_> {
             .as_ref()
             .map(|p| p.pre.tree.clone())
             .unwrap_or_default();
-        let now_tree = self.env.git.worktree_tree()?;
-        let mut saved_ref = None;
-        let mut restored = Vec::new();
-        if now_tree != pre_tree {
-            let refname = format!("refs/keel/{}/interrupted/{}", self.run.id, self.run.seq);
-            self.env.git.clear_ref_lock(&refname)?;
-            let head = self.env.git.head()?;
-            self.env.git.snapshot(
-                &now_tree,
-                head.as_deref(),
-                &format!(
-                    "keel: working tree of run {} when step {id} was interrupted",
-                    self.run.id
-                ),
-                &refname,
-            )?;
-            restored = self.env.git.restore_worktree(&pre_tree)?;
-            saved_ref = Some(refname);
-        }
+        let undone = self.undo_to(&pre_tree, &format!("step {id} was interrupted"), true)?;
         fault::point("interrupted step rolled back");
-        let note = match &saved_ref {
-            Some(r) => format!(
-                "step {id} was interrupted: {} paths restored to where it started; the working tree as it was is kept at {r}",
-                restored.len()
+        let note = match &undone {
+            Some(u) if u.kept.is_empty() => format!(
+                "step {id} was interrupted: {} paths restored to where it started; the working tree as it was is kept at {}",
+                u.restored.len(),
+                u.saved_ref
+            ),
+            Some(u) => format!(
+                "step {id} was interrupted: {} paths restored to where it started; {} changed after its command had ended are left as they are ({}); the working tree as it was is kept at {}",
+                u.restored.len(),
+                u.kept.len(),
+                u.kept.join(", "),
+                u.saved_ref
             ),
             None => format!("step {id} was interrupted before it changed anything"),
         };
         self.observer.progress(&self.run, Progress::Note(&note));
+        let (restored, saved_ref) = match undone {
+            Some(u) => (u.restored, Some(u.saved_ref)),
+            None => (Vec::new(), None),
+        };
         self.commit(vec![EventBody::StepRolledBack {
             step: id,
             restored,
             saved_ref,
         }])
+    }
+
+    /// Puts the working tree back to `target`, what it was before something a crash
+    /// interrupted began changing it (`what`, for the saved commit's message), keeping the
+    /// tree as it was found under a ref. Nothing when the tree is `target` already.
+    ///
+    /// With `by_commands` (only commands changed the tree since `target`: a command step, whose
+    /// only other writes are keel's own restores to `target`), a path whose status changed (its
+    /// ctime, which no program can set back) after the run's last command had ended was not
+    /// changed by that command: it was changed after the crash, by a person most likely, and is
+    /// left as it is, for the drift check to report. Without a known end, or when keel's own
+    /// tools may have written since `target` (an agent step's calls write in keel's process),
+    /// every changed path is put back (it is kept under the ref all the same).
+    fn undo_to(
+        &mut self,
+        target: &str,
+        what: &str,
+        by_commands: bool,
+    ) -> Result<Option<Undone>, EngineError> {
+        let now_tree = self.env.git.worktree_tree()?;
+        if now_tree == target {
+            return Ok(None);
+        }
+        let refname = format!("refs/keel/{}/interrupted/{}", self.run.id, self.run.seq);
+        self.env.git.clear_ref_lock(&refname)?;
+        let head = self.env.git.head()?;
+        self.env.git.snapshot(
+            &now_tree,
+            head.as_deref(),
+            &format!("keel: working tree of run {} when {what}", self.run.id),
+            &refname,
+        )?;
+        let Some(ended) = self.commands_ended.filter(|_| by_commands) else {
+            let restored = self.env.git.restore_worktree(target)?;
+            return Ok(Some(Undone {
+                restored,
+                kept: Vec::new(),
+                saved_ref: refname,
+            }));
+        };
+        let (kept, ours): (Vec<_>, Vec<_>) = self
+            .env
+            .git
+            .diff(target, &now_tree)?
+            .changes
+            .into_iter()
+            .partition(|c| changed_after(&self.env.workspace, c, ended));
+        let ours: Vec<String> = ours.into_iter().map(|c| c.path).collect();
+        let restored = if ours.is_empty() {
+            Vec::new()
+        } else {
+            self.env.git.restore_paths(target, &ours)?
+        };
+        Ok(Some(Undone {
+            restored,
+            kept: kept
+                .into_iter()
+                .map(|c| format!("{} {}", c.status, c.path))
+                .collect(),
+            saved_ref: refname,
+        }))
     }
 
     fn output_path(&self, what: &str) -> PathBuf {
@@ -2037,25 +2154,10 @@ impl Engine<'_> {
         Ok(true)
     }
 
-    /// Puts the working tree back to `target`, keeping what it held under a ref.
+    /// Puts the working tree back to `target` after a call a crash interrupted (see
+    /// [`Engine::undo_to`]): every changed path, since keel's own tools may have written some.
     fn undo_interrupted(&mut self, target: &str) -> Result<(), EngineError> {
-        let now_tree = self.env.git.worktree_tree()?;
-        if now_tree == target {
-            return Ok(());
-        }
-        let refname = format!("refs/keel/{}/interrupted/{}", self.run.id, self.run.seq);
-        self.env.git.clear_ref_lock(&refname)?;
-        let head = self.env.git.head()?;
-        self.env.git.snapshot(
-            &now_tree,
-            head.as_deref(),
-            &format!(
-                "keel: working tree of run {} when a call was interrupted",
-                self.run.id
-            ),
-            &refname,
-        )?;
-        self.env.git.restore_worktree(target)?;
+        self.undo_to(target, "a call was interrupted", false)?;
         Ok(())
     }
 

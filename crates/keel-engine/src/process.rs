@@ -245,9 +245,20 @@ pub struct Confinement {
     network: bool,
     limits: keel_sandbox::Limits,
     pass_env: Vec<String>,
+    /// The file each command notes its end in (see [`Confinement::note_ends_in`]).
+    ended: Option<std::path::PathBuf>,
 }
 
 impl Confinement {
+    /// Each command run through this confinement removes `file` before it starts and writes it
+    /// once every process of the command is gone: keel writes it after the command is reaped,
+    /// and a confined command's helper writes it too when keel dies first (it ends the
+    /// command, then notes the end). So the file exists only when the last command started has
+    /// surely ended, and its modification time bounds when that command last changed a file.
+    pub fn note_ends_in(&mut self, file: std::path::PathBuf) {
+        self.ended = Some(file);
+    }
+
     /// Commands run unconfined (`[sandbox] mode = "off"`).
     pub fn off(workspace: &Path) -> Confinement {
         Confinement {
@@ -258,6 +269,7 @@ impl Confinement {
             network: true,
             limits: keel_sandbox::Limits::default(),
             pass_env: Vec::new(),
+            ended: None,
         }
     }
 
@@ -327,6 +339,7 @@ impl Confinement {
                 .map(|s| s.to_string())
                 .chain(settings.env.iter().cloned())
                 .collect(),
+            ended: None,
         };
         let support = keel_sandbox::probe().map_err(|e| {
             format!(
@@ -369,6 +382,29 @@ impl Confinement {
         input: Option<&Path>,
         network: Option<bool>,
     ) -> std::io::Result<Outcome> {
+        if let Some(file) = &self.ended {
+            match std::fs::remove_file(file) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        let outcome = self.run_noted(program, env, output, timeout, input, network);
+        if let Some(file) = &self.ended {
+            // Also after a failure to start: whatever started is gone.
+            std::fs::write(file, b"every process of the command is gone\n")?;
+        }
+        outcome
+    }
+
+    fn run_noted(
+        &self,
+        program: Program<'_>,
+        env: &[(&str, String)],
+        output: &Path,
+        timeout: Duration,
+        input: Option<&Path>,
+        network: Option<bool>,
+    ) -> std::io::Result<Outcome> {
         let Some(sandbox) = &self.sandbox else {
             return run_program(program, &self.workspace, env, output, timeout, input);
         };
@@ -390,7 +426,7 @@ impl Confinement {
         }
         let policy = self.policy(&program.argv(), full, network.unwrap_or(self.network));
         let (cmd, private_tmp) = sandbox
-            .command(&policy)
+            .command_noting_end(&policy, self.ended.as_deref())
             .map_err(|e| std::io::Error::other(format!("the sandbox refused to start: {e}")))?;
         let (mut outcome, code) = spawn_and_wait(cmd, output, timeout, input)?;
         if code == Some(keel_sandbox::REFUSED_EXIT_CODE)

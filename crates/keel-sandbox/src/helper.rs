@@ -78,10 +78,11 @@ fn stage1() -> ! {
         Err(e) => refuse(None, &e),
     };
     let mut report = open_report(&request);
-    // Stage 1 dies with the process that started it (keel killed by SIGKILL included), and
-    // stage 2 and the command with stage 1. It sets this itself, after exec, so that keel can
-    // start it with `posix_spawn` rather than a `fork` of its whole memory map.
-    if let Err(source) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+    // When the process that started it dies (keel killed by SIGKILL included), stage 1 gets
+    // SIGTERM: it kills stage 2, and with it the command, and notes the end before it exits
+    // (stage 2 and the command die with stage 1 in any case). It sets this itself, after exec,
+    // so that keel can start it with `posix_spawn` rather than a `fork` of its whole memory map.
+    if let Err(source) = nix::sys::prctl::set_pdeathsig(Signal::SIGTERM) {
         refuse(
             report.as_mut(),
             &SandboxError::Prctl {
@@ -146,6 +147,12 @@ fn run_stage1(request: &Request) -> Result<i32, SandboxError> {
     }
     let root = nix::unistd::geteuid().is_root();
     let (uid, gid) = (getuid(), getgid());
+    // The end file's directory, opened before the hidden paths are covered: keel keeps it in
+    // its store directory, which the command must not see.
+    let end = match &request.ended {
+        Some(path) => Some(EndFile::open(path)?),
+        None => None,
+    };
 
     let guard = CgroupGuard(match (root, policy.limits.processes) {
         (true, Some(max)) => Some(cgroup::create(max, std::process::id())?),
@@ -249,7 +256,49 @@ fn run_stage1(request: &Request) -> Result<i32, SandboxError> {
         }
     };
     drop(guard);
+    // Stage 2 was PID 1 of the command's pid namespace: the kernel reaped every other process
+    // there before stage 2's own exit was reported, so nothing of the command runs any more.
+    if let Some(end) = end {
+        end.write();
+    }
     Ok(code)
+}
+
+/// The end file: its directory (open) and its name in it.
+struct EndFile {
+    dir: File,
+    name: std::ffi::OsString,
+}
+
+impl EndFile {
+    fn open(path: &Path) -> Result<EndFile, SandboxError> {
+        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+            return Err(SandboxError::BadRequest(format!(
+                "the end file {} has no directory and name",
+                path.display()
+            )));
+        };
+        let dir = File::open(dir).map_err(io(format!(
+            "open the directory of the end file {}",
+            path.display()
+        )))?;
+        Ok(EndFile {
+            dir,
+            name: name.to_os_string(),
+        })
+    }
+
+    /// Writes the file (its modification time is what counts). A failure is not the command's:
+    /// the caller then knows no end, and treats the command's changes as of unknown origin.
+    fn write(self) {
+        use nix::fcntl::{OFlag, openat};
+        use nix::sys::stat::Mode;
+        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_CLOEXEC;
+        let mode = Mode::from_bits_truncate(0o644);
+        if let Ok(fd) = openat(&self.dir, self.name.as_os_str(), flags, mode) {
+            let _ = File::from(fd).write_all(b"every process of the command is gone\n");
+        }
+    }
 }
 
 /// Covers the hidden paths (in stage 1's new mount namespace).

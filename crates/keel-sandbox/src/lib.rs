@@ -16,8 +16,11 @@
 //!    denied). It makes every mount private, covers each `hidden` path (a directory with an
 //!    empty read-only tmpfs of mode 000, anything else with a bind-mounted, read-only, empty file
 //!    of mode 000), mounts a fresh tmpfs on `/dev/shm`, and spawns stage 2. It then waits; on
-//!    SIGTERM (or SIGINT, SIGHUP, SIGQUIT) it kills stage 2 with SIGKILL. When stage 2 is gone it
-//!    removes the cgroup and exits with stage 2's exit code, or 128 + the signal that killed it.
+//!    SIGTERM (or SIGINT, SIGHUP, SIGQUIT) it kills stage 2 with SIGKILL, and so it does when the
+//!    process that started it dies (`PR_SET_PDEATHSIG` is SIGTERM). When stage 2 is gone it
+//!    removes the cgroup, writes the end file if it was given one
+//!    ([`Sandbox::command_noting_end`]), and exits with stage 2's exit code, or 128 + the
+//!    signal that killed it.
 //! 2. **Stage 2** is PID 1 of the new pid namespace. It joins the cgroup, sets
 //!    `PR_SET_PDEATHSIG` to SIGKILL (and checks that stage 1 is still alive), mounts a fresh
 //!    `/proc` (which shows only the sandbox's processes), sets the resource limits, drops every
@@ -182,8 +185,12 @@ pub(crate) struct Request {
     pub tmp: PathBuf,
     /// The directory that holds `tmp`, the cover file and the refusal report.
     pub private: PathBuf,
-    /// The process that started the helper: stage 1 dies with it.
+    /// The process that started the helper: stage 1 ends the command when it dies.
     pub parent: u32,
+    /// A file stage 1 writes once every process of the command is gone (see
+    /// [`Sandbox::command_noting_end`]).
+    #[serde(default)]
+    pub ended: Option<PathBuf>,
 }
 
 impl Request {
@@ -219,7 +226,28 @@ impl Sandbox {
     /// helper ignores them). The returned [`PrivateTmp`] must live until the command has ended:
     /// it is the command's `TMPDIR` and holds the refusal report.
     pub fn command(&self, policy: &Policy) -> Result<(Command, PrivateTmp), SandboxError> {
+        self.command_noting_end(policy, None)
+    }
+
+    /// [`Sandbox::command`], and stage 1 writes the file `ended` (outside the sandbox, created
+    /// or overwritten) once every process of the command is gone: when the command ends, when
+    /// the caller ends it, and when the caller dies first (stage 1 then ends the command and
+    /// writes the file before it exits). The file's modification time is the moment after
+    /// which nothing of the command can have changed a file: a caller that crashed while the
+    /// command ran tells the command's changes from later ones by it. Stage 1 itself killed
+    /// with SIGKILL writes nothing.
+    pub fn command_noting_end(
+        &self,
+        policy: &Policy,
+        ended: Option<&Path>,
+    ) -> Result<(Command, PrivateTmp), SandboxError> {
         check_policy(policy)?;
+        if let Some(path) = ended.filter(|p| !p.is_absolute()) {
+            return Err(SandboxError::InvalidPolicy(format!(
+                "the end file {} is not an absolute path",
+                path.display()
+            )));
+        }
         let private = PrivateTmp::new()?;
         let mut policy = policy.clone();
         policy.env.retain(|(k, _)| k != "TMPDIR");
@@ -231,6 +259,7 @@ impl Sandbox {
             tmp: private.path().to_path_buf(),
             private: private.root().to_path_buf(),
             parent: std::process::id(),
+            ended: ended.map(Path::to_path_buf),
         };
         let json = serde_json::to_string(&request).map_err(SandboxError::Serialize)?;
         let mut cmd = Command::new(&self.helper);

@@ -182,3 +182,82 @@ fn the_per_command_cgroup_is_removed_when_the_command_ends() {
     .all(|base| !std::path::Path::new(base).join(name).exists());
     assert!(gone, "{name} is still there");
 }
+
+/// The end file is written once the command has ended, not before: a command that ends by
+/// itself leaves it newer than its last write.
+#[test]
+fn the_end_file_is_written_when_the_command_ends() {
+    let f = Fixture::new();
+    let ended = f.outside.path().join("ended");
+    let policy = f.sh("echo one > out; sleep 0.2; echo two >> out");
+    let (mut cmd, _tmp) = common::sandbox()
+        .command_noting_end(&policy, Some(&ended))
+        .unwrap();
+    let mut child = cmd.spawn().unwrap();
+    let deadline = Instant::now() + LONG;
+    while !f.ws.join("out").exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(!ended.exists(), "written while the command still runs");
+    assert!(child.wait().unwrap().success());
+    assert!(ended.exists());
+    let written = std::fs::metadata(f.ws.join("out"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    assert!(std::fs::metadata(&ended).unwrap().modified().unwrap() >= written);
+    let err = common::sandbox()
+        .command_noting_end(&policy, Some(std::path::Path::new("relative")))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not an absolute path"), "{err}");
+}
+
+/// When the process that started the helper dies (here: the thread that spawned it, which is
+/// what the parent-death signal follows), the helper ends the command, every process of it,
+/// and only then writes the end file: nothing of the command changes a file after it.
+#[test]
+fn when_the_caller_dies_the_end_file_comes_after_the_commands_last_write() {
+    let f = Fixture::new();
+    let ended = f.outside.path().join("ended");
+    let marker = unique("keel-ending");
+    // A grandchild outside the group that ignores SIGTERM keeps writing until it is killed.
+    let script = format!(
+        "setsid sh -c 'trap \"\" TERM; while :; do date +%s%N >> ticks; sleep 0.01; done' {marker} &
+         echo up > up; sleep 600"
+    );
+    let policy = f.policy(vec!["/bin/sh".into(), "-c".into(), script, marker.clone()]);
+    let (mut cmd, _tmp) = common::sandbox()
+        .command_noting_end(&policy, Some(&ended))
+        .unwrap();
+    let ws = f.ws.clone();
+    let child = std::thread::spawn(move || {
+        let child = cmd.spawn().unwrap();
+        let deadline = Instant::now() + LONG;
+        while !ws.join("ticks").exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        child
+    })
+    .join()
+    .unwrap();
+    let deadline = Instant::now() + LONG;
+    while !ended.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(ended.exists(), "no end file after the caller died");
+    let left = wait_gone(&marker, Duration::from_secs(30));
+    assert!(left.is_empty(), "survivors: {left:?}");
+    let last_tick = std::fs::metadata(f.ws.join("ticks"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    let end = std::fs::metadata(&ended).unwrap().modified().unwrap();
+    assert!(
+        end >= last_tick,
+        "the command wrote after its end was noted"
+    );
+    let mut child = child;
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "{status:?}");
+}
