@@ -382,29 +382,7 @@ impl Confinement {
         input: Option<&Path>,
         network: Option<bool>,
     ) -> std::io::Result<Outcome> {
-        if let Some(file) = &self.ended {
-            match std::fs::remove_file(file) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-                _ => {}
-            }
-        }
-        let outcome = self.run_noted(program, env, output, timeout, input, network);
-        if let Some(file) = &self.ended {
-            // Also after a failure to start: whatever started is gone.
-            std::fs::write(file, b"every process of the command is gone\n")?;
-        }
-        outcome
-    }
-
-    fn run_noted(
-        &self,
-        program: Program<'_>,
-        env: &[(&str, String)],
-        output: &Path,
-        timeout: Duration,
-        input: Option<&Path>,
-        network: Option<bool>,
-    ) -> std::io::Result<Outcome> {
+        let _noted = self.ended.as_deref().map(EndNote::begin).transpose()?;
         let Some(sandbox) = &self.sandbox else {
             return run_program(program, &self.workspace, env, output, timeout, input);
         };
@@ -437,6 +415,26 @@ impl Confinement {
         }
         drop(private_tmp);
         Ok(outcome)
+    }
+}
+
+/// A command's end file while the command may run: removed when it starts, written when the
+/// guard is dropped (the command reaped, or it failed to start: whatever started is gone). A
+/// failed write leaves no file, which says the end is unknown, as a crash would.
+struct EndNote<'a>(&'a Path);
+
+impl<'a> EndNote<'a> {
+    fn begin(file: &'a Path) -> std::io::Result<EndNote<'a>> {
+        match std::fs::remove_file(file) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(EndNote(file)),
+        }
+    }
+}
+
+impl Drop for EndNote<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0, b"every process of the command is gone\n");
     }
 }
 

@@ -207,9 +207,7 @@ impl Writers {
         let outcome = lock(&slot.queued).outcome.take();
         outcome.unwrap_or_else(|| Err(abandoned(path)))
     }
-}
 
-impl Writers {
     /// [`write`] as the leader, with the write lock held: on the shared write connection, or on
     /// the leader's own when the shared one cannot be opened (the leader's then reports what
     /// is wrong with the file, if anything is).
