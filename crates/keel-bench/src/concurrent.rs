@@ -39,6 +39,8 @@ pub struct Concurrent {
     pub peak_rss_kb: Option<u64>,
     pub peak_reset: bool,
     pub cpu: util::Cpu,
+    /// The store's shared transactions over the runs (see keel-store `batch`).
+    pub commits: keel_store::CommitStats,
 }
 
 pub fn measure(
@@ -61,7 +63,9 @@ pub fn measure(
         )?;
     }
     let db = ws.join(".keel").join("keel.db");
-    Store::open(&db)?;
+    // Held open over the runs, so the count of shared transactions covers them all.
+    let watch = Store::open(&db)?;
+    let commits_before = watch.shared_commit_stats();
 
     let peak_reset = util::reset_peak_rss();
     let cpu_before = util::cpu();
@@ -102,6 +106,7 @@ pub fn measure(
     let cpu_after = util::cpu();
     let peak_rss_kb = util::status_kb("VmHWM");
     let steps = server.answered.load(Ordering::SeqCst) as u64;
+    let commits_after = watch.shared_commit_stats();
     server.stop();
     Ok(Concurrent {
         runs,
@@ -117,6 +122,11 @@ pub fn measure(
         cpu: util::Cpu {
             process_us: cpu_after.process_us - cpu_before.process_us,
             children_us: cpu_after.children_us - cpu_before.children_us,
+        },
+        commits: keel_store::CommitStats {
+            transactions: commits_after.transactions - commits_before.transactions,
+            commits: commits_after.commits - commits_before.commits,
+            largest: commits_after.largest,
         },
     })
 }

@@ -475,6 +475,18 @@ fn concurrent_figure(c: &concurrent::Concurrent) -> Value {
             "children": round3(c.cpu.children_us / 1000.0 / c.steps.max(1) as f64),
         }),
     );
+    f.insert(
+        "store_transactions".into(),
+        json!({
+            "transactions": c.commits.transactions,
+            "commits": c.commits.commits,
+            "commits_per_step": round3(c.commits.commits as f64 / c.steps.max(1) as f64),
+            "mean_commits_per_transaction": round1(
+                c.commits.commits as f64 / c.commits.transactions.max(1) as f64
+            ),
+            "largest_transaction": c.commits.largest,
+        }),
+    );
     f.insert("peak_reset".into(), json!(c.peak_reset));
     f.insert(
         "failures".into(),

@@ -1139,3 +1139,52 @@ fn the_api_key_never_reaches_a_command_the_model_runs() {
     assert!(!observation.contains(KEY));
     assert_key_not_stored(&f, &id, &[&out]);
 }
+
+/// Against a model that costs money, the request is stored before it is sent, and a step of
+/// keel's own read-only tools waits to be stored with the next step's request: a run of `N`
+/// steps makes `N + 4` commits (the run's creation; its start, first checkpoint and first
+/// request; one per step after the first, each with the next request; the last step's end
+/// before the acceptance verifier runs; its evidence with the phase's verification; the
+/// checkpoint and the completion with the lease given back). Every step is in the log in
+/// order, and each reply is stored.
+#[test]
+fn a_read_only_step_against_a_paid_model_is_stored_with_the_next_request() {
+    let plan = |item: &str| json!({"items": [item]}).to_string();
+    let steps = ["first", "second", "third"];
+    let mut replies: Vec<Reply> = steps
+        .iter()
+        .map(|item| openai_calls(&[("plan", &plan(item))], (1000, 10)))
+        .collect();
+    replies.push(openai_calls(&[("finish", &finish_args())], (1000, 10)));
+    let server = FakeServer::start(replies);
+    let f = Fixture::new(
+        &openai_contract(&server)
+            .replace("run = \"grep -qx hello out/hello.txt\"", "run = \"true\""),
+    );
+    let trace = f.path("commits-trace");
+    let out = f
+        .keel()
+        .args(["run", "keel.toml"])
+        .env(KEY_VAR, KEY)
+        .env("KEEL_STORE_FAULT_TRACE", &trace)
+        .output()
+        .unwrap();
+    assert_exit(&f, &out, 0);
+    let id = f.stored_run_id().unwrap();
+    let model_steps = steps.len() + 1;
+    assert_eq!(server.requests().len(), model_steps);
+    assert_eq!(common::traced(&trace, "commit"), model_steps + 4);
+    let events = f.events(&id);
+    assert_eq!(of_kind(&events, "model_replied").len(), model_steps);
+    let kinds: Vec<&str> = events.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    let requested: Vec<usize> = (0..kinds.len())
+        .filter(|&i| kinds[i] == "model_requested")
+        .collect();
+    let replied: Vec<usize> = (0..kinds.len())
+        .filter(|&i| kinds[i] == "model_replied")
+        .collect();
+    for (r, p) in requested.iter().zip(&replied) {
+        assert!(r < p, "each reply follows its request: {kinds:?}");
+    }
+    f.verify_log_ok(&id);
+}

@@ -603,7 +603,7 @@ impl Engine<'_> {
             None
         };
         let response = self.store.put_artifact(&exchange.response)?;
-        let local = driver.local();
+        let edits = driver.edits_workspace();
         let replied = vec![EventBody::ModelReplied {
             step: id,
             response,
@@ -614,11 +614,15 @@ impl Engine<'_> {
             duration_ms: exchange.duration_ms,
             post_tree,
         }];
-        // A reply that cost something is stored at once, so its usage is never lost.
-        if local {
-            self.stage(replied)?;
-        } else {
+        // The reply is stored with the next commit, which comes before anything reaches
+        // outside keel: a call of a tool outside keel stores its decision first, and the step's
+        // end goes with the next request, which is stored before it is sent. Between the two
+        // is only keel's own work (its read-only tools, the next prompt). A delegated
+        // program's reply (it changed the workspace) is stored at once.
+        if edits {
             self.commit(replied)?;
+        } else {
+            self.stage(replied)?;
         }
         // The reply as recorded (scrubbed of secrets): what a resume would read, so the calls
         // made now and after a crash are the same.
@@ -929,6 +933,11 @@ impl Engine<'_> {
         key: &str,
         timeout_ms: u64,
     ) -> Result<Outcome, EngineError> {
+        // A call that reaches outside keel is made only once what led to it is stored (its
+        // decision was committed: this stores nothing more).
+        if !self.in_process(&call.name) {
+            self.flush()?;
+        }
         let s = |key: &str| args.get(key).and_then(serde_json::Value::as_str);
         let n = |key: &str| args.get(key).and_then(serde_json::Value::as_u64);
         let result = match call.name.as_str() {

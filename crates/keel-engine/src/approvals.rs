@@ -266,6 +266,8 @@ impl Engine<'_> {
         let Some(command) = self.contract.approvals.notify.clone() else {
             return Ok(());
         };
+        // The person it tells finds what it tells of stored.
+        self.flush()?;
         let input = self.output_path("notify-input");
         let output = self.output_path("notify");
         let outcome = std::fs::write(&input, payload.to_string()).and_then(|()| {

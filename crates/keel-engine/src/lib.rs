@@ -266,10 +266,15 @@ pub struct Engine<'a> {
     /// The contract's MCP servers, connected when the engine is made.
     mcp: mcp::McpTools,
     /// Events applied to `run` but not stored yet. What a step does inside keel (its start,
-    /// a local driver's reply, calls of keel's own read-only tools) changes nothing outside
+    /// a driver's reply, calls of keel's own read-only tools, its end when the next step's
+    /// request is stored at once, a verifier's evidence, a checkpoint) changes nothing outside
     /// the process, so it waits for the next commit and is stored with it in one transaction.
-    /// Anything that reaches outside (a command, a network call, a person) commits first.
+    /// Anything that reaches outside (a command, a model that costs money, a network call, a
+    /// person) commits first, and so does the end of the drive.
     staged: Vec<Event>,
+    /// The checkpoint whose `checkpoint_taken` event is staged: its row is written in the same
+    /// commit as the event.
+    staged_checkpoint: Option<Checkpoint>,
     /// A commit or a staged event failed: `run` may hold events that were not stored, so this
     /// engine writes nothing more (the caller stops driving the run; a resume reads the log).
     /// Events are applied to `run` in place, with no copy kept to go back to.
@@ -542,6 +547,7 @@ pub fn start(
     })?;
     store.put_contract(&contract.hash, &run.contract_file, &contract.source)?;
     let now = now_ms();
+    // The contract is stored in the run's creating commit.
     let lease = store.create_run(&created, &run, &actor.holder, now, LEASE_TTL_MS)?;
     on_created(run_id);
     fault::point("run created");
@@ -564,6 +570,7 @@ pub fn start(
         lease_ttl_ms: LEASE_TTL_MS,
         mcp: mcp::McpTools::default(),
         staged: Vec::new(),
+        staged_checkpoint: None,
         poisoned: false,
         fresh_step: None,
         diff_cache: None,
@@ -573,7 +580,9 @@ pub fn start(
         engine.secret_env(names)
     })
     .map_err(EngineError::Usage)?;
-    engine.commit(vec![EventBody::Resumed {
+    // Stored with the run's first commit (the first checkpoint's): the run was created with
+    // this process's lease, which the commit checks.
+    engine.stage(vec![EventBody::Resumed {
         holder: actor.holder.clone(),
         lease: engine.lease.token,
         checkpoint: None,
@@ -737,6 +746,7 @@ pub fn resume(
         lease_ttl_ms,
         mcp: mcp::McpTools::default(),
         staged: Vec::new(),
+        staged_checkpoint: None,
         poisoned: false,
         fresh_step: None,
         diff_cache: None,
@@ -1252,29 +1262,33 @@ fn stored_contract(store: &Store, run: &str, hash: &str) -> Result<String, Engin
 impl Engine<'_> {
     /// Appends events (applied to a copy of the run first, so an illegal one changes nothing)
     /// and commits them with the projection in one transaction.
+    /// The staged events and checkpoint are stored with them.
     fn commit(&mut self, bodies: Vec<EventBody>) -> Result<(), EngineError> {
-        self.commit_with(bodies, None)
+        self.store_events(bodies, false)
     }
 
-    fn commit_with(
-        &mut self,
-        bodies: Vec<EventBody>,
-        checkpoint: Option<&Checkpoint>,
-    ) -> Result<(), EngineError> {
+    /// [`Engine::commit`]; with `release`, the lease is given back in the same transaction.
+    fn store_events(&mut self, bodies: Vec<EventBody>, release: bool) -> Result<(), EngineError> {
         self.check_poisoned()?;
         let at_ms = now_ms();
         // Staged events are already applied to `run`; these are applied after them.
         let mut events = std::mem::take(&mut self.staged);
+        let checkpoint = self.staged_checkpoint.take();
         self.poisoned = true;
         apply_bodies(&self.scrubber, &mut self.run, bodies, at_ms, &mut events)?;
         fault::point("before commit");
-        self.store.commit(
-            &self.lease,
-            &events,
-            &self.run,
-            checkpoint,
-            at_ms + self.lease_ttl_ms,
-        )?;
+        if release {
+            self.store
+                .commit_and_release(&self.lease, &events, &self.run, checkpoint.as_ref())?;
+        } else {
+            self.store.commit(
+                &self.lease,
+                &events,
+                &self.run,
+                checkpoint.as_ref(),
+                at_ms + self.lease_ttl_ms,
+            )?;
+        }
         self.poisoned = false;
         fault::point("after commit");
         Ok(())
@@ -1308,27 +1322,47 @@ impl Engine<'_> {
         Ok(())
     }
 
-    /// Stores the staged events, if any, before something reaches outside the process.
+    /// Stores the staged events, if any, before something reaches outside the process: every
+    /// command (a step's, a verifier's, a tool's, the notify command), every request to a
+    /// model that costs money, every call of a tool outside keel, every wait for a person.
     fn flush(&mut self) -> Result<(), EngineError> {
         if self.staged.is_empty() {
             return Ok(());
         }
-        self.commit_with(Vec::new(), None)
+        self.commit(Vec::new())
     }
 
     fn release(&mut self) {
         // Best effort: a lease that is not released expires, and a dead holder is seen as such.
         let _ = self.store.release(&self.lease);
-        // A finished run starts no command again: its end file has nothing more to tell.
+        self.forget_commands();
+    }
+
+    /// A finished run starts no command again: its end file has nothing more to tell.
+    fn forget_commands(&self) {
         if self.run.state.is_terminal() {
             let _ = std::fs::remove_file(end_file(&self.env.tmp, &self.run.id));
         }
     }
 
     fn drive(mut self) -> Result<Run, EngineError> {
-        let result = self.drive_loop().and_then(|()| self.flush());
-        self.release();
-        result.map(|()| self.run)
+        let result = self.drive_loop();
+        match result {
+            // What is staged is stored, and the lease given back, in one commit.
+            Ok(()) if !self.staged.is_empty() => {
+                let stored = self.store_events(Vec::new(), true);
+                if stored.is_err() {
+                    self.release();
+                } else {
+                    self.forget_commands();
+                }
+                stored.map(|()| self.run)
+            }
+            _ => {
+                self.release();
+                result.map(|()| self.run)
+            }
+        }
     }
 
     fn drive_loop(&mut self) -> Result<(), EngineError> {
@@ -1377,10 +1411,9 @@ impl Engine<'_> {
                 }
                 Next::VerifyPhase(phase) => self.verify_phase(phase)?,
                 Next::Accept => self.accept()?,
-                Next::Complete => self.set_state(
+                Next::Complete => self.stage_state(
                     RunState::Completed,
                     "every acceptance verifier passed with stored evidence",
-                    None,
                 )?,
             }
         }
@@ -1410,7 +1443,20 @@ impl Engine<'_> {
                 return self.stop_for_budget(stop);
             }
         }
+        // An agent step's end waits for the next step's request when that is stored before it
+        // is sent: every way on from here (the next request, a verifier, a wait, the end of the
+        // drive) commits first, and nothing but keel's own work comes in between. With a local
+        // driver nothing would be stored until the run stops; its steps commit one by one.
+        if completes.is_some() && self.requests_are_stored() {
+            return Ok(());
+        }
         self.flush()
+    }
+
+    /// Whether the driver's requests are stored before they are sent (a model that costs
+    /// money, a program that acts).
+    pub(crate) fn requests_are_stored(&self) -> bool {
+        self.driver.as_ref().is_some_and(|d| !d.local())
     }
 
     /// Budgets a step may have gone over stop the run (if it is still going). The step's own
@@ -1461,6 +1507,17 @@ impl Engine<'_> {
             return Ok(());
         }
         self.commit(vec![self.state_change(to, reason, block)])
+    }
+
+    /// [`Engine::set_state`], stored with the next commit: for a change that only leads to
+    /// more of keel's own work or to a commit (running a verifier commits first; the end of
+    /// the drive does).
+    fn stage_state(&mut self, to: RunState, reason: &str) -> Result<(), EngineError> {
+        if self.run.state == to {
+            return Ok(());
+        }
+        let change = self.state_change(to, reason, None);
+        self.stage(vec![change])
     }
 
     fn state_change(&self, to: RunState, reason: &str, block: Option<Block>) -> EventBody {
@@ -1810,6 +1867,8 @@ impl Engine<'_> {
                 tier: v.tier,
             },
         );
+        // A verifier is a command outside keel: what led to it is stored first.
+        self.flush()?;
         let out = self.output_path(&format!("verify-{}", v.name));
         let outcome = if v.run.trim() == keel_core::contract::SECRET_SCAN {
             self.secret_scan(&judged.tree, &out)?
@@ -1849,7 +1908,8 @@ impl Engine<'_> {
             phase,
             excerpt,
         };
-        self.commit(vec![EventBody::EvidenceRecorded {
+        // Stored with what the evidence leads to (the next verifier commits first).
+        self.stage(vec![EventBody::EvidenceRecorded {
             evidence: evidence.clone(),
         }])?;
         Ok(evidence)
@@ -1889,11 +1949,7 @@ impl Engine<'_> {
 
     fn verify_phase(&mut self, phase: u32) -> Result<(), EngineError> {
         let (name, _, _, gate) = self.phase_outline(phase);
-        self.set_state(
-            RunState::Verifying,
-            &format!("verifying phase `{name}`"),
-            None,
-        )?;
+        self.stage_state(RunState::Verifying, &format!("verifying phase `{name}`"))?;
         for verifier in gate {
             let Some(v) = self.contract.verifier(&verifier).cloned() else {
                 continue;
@@ -1929,10 +1985,9 @@ impl Engine<'_> {
     }
 
     fn accept(&mut self) -> Result<(), EngineError> {
-        self.set_state(
+        self.stage_state(
             RunState::Verifying,
             "every phase is done: running the acceptance verifiers",
-            None,
         )?;
         let verifiers: Vec<Verifier> = self
             .contract
@@ -1947,10 +2002,9 @@ impl Engine<'_> {
             }
         }
         if self.run.accepted() {
-            self.set_state(
+            self.stage_state(
                 RunState::Completed,
                 "every acceptance verifier passed with stored evidence",
-                None,
             )
         } else {
             Ok(())
@@ -1958,6 +2012,10 @@ impl Engine<'_> {
     }
 
     fn checkpoint(&mut self) -> Result<(), EngineError> {
+        // A commit stores one checkpoint's row.
+        if self.staged_checkpoint.is_some() {
+            self.flush()?;
+        }
         let n = self.run.checkpoints;
         let refname = Checkpoint::snapshot_ref(&self.run.id, n);
         let tree = self.run.fingerprint.tree.clone();
@@ -1986,15 +2044,15 @@ impl Engine<'_> {
             run: self.run.clone(),
         };
         let (_, hash) = checkpoint.encode();
-        self.commit_with(
-            vec![EventBody::CheckpointTaken {
-                n,
-                hash,
-                snapshot_ref: refname,
-                commit,
-            }],
-            Some(&checkpoint),
-        )?;
+        // Stored, with its row, in the next commit (the snapshot's ref names nothing until
+        // then; a checkpoint taken again after a crash writes it anew).
+        self.stage(vec![EventBody::CheckpointTaken {
+            n,
+            hash,
+            snapshot_ref: refname,
+            commit,
+        }])?;
+        self.staged_checkpoint = Some(checkpoint);
         self.observer
             .progress(&self.run, Progress::Checkpoint { n });
         Ok(())

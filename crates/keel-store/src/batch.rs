@@ -25,7 +25,7 @@ use keel_core::event::Event;
 use keel_core::run::Run;
 use rusqlite::TransactionBehavior;
 
-use crate::{Lease, StoreError, Written, write_blobs, write_events};
+use crate::{Lease, StoreError, TxError, Written, write_blobs, write_events};
 
 /// The write lock of one store file in this process, and the commits waiting for it.
 #[derive(Default)]
@@ -77,7 +77,7 @@ pub struct CommitStats {
     pub largest: u64,
 }
 
-/// One commit: what `Store::commit` was given, and the blobs waiting for it.
+/// One commit: what `Store::commit` was given, and the blobs and contracts waiting for it.
 pub(crate) struct Commit<'a> {
     pub lease: &'a Lease,
     pub events: &'a [Event],
@@ -85,6 +85,31 @@ pub(crate) struct Commit<'a> {
     pub checkpoint: Option<&'a Checkpoint>,
     pub lease_until_ms: i64,
     pub blobs: &'a [(String, i64, Vec<u8>)],
+    pub contracts: &'a [ContractText],
+    pub extra: Extra,
+}
+
+/// A contract's exact text, stored under its hash.
+#[derive(Debug, Clone)]
+pub(crate) struct ContractText {
+    pub hash: String,
+    pub file: String,
+    pub source: String,
+}
+
+/// What a commit does besides appending events.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Extra {
+    /// The run is new: its row is inserted first, held by `holder`.
+    pub create: Option<NewRun>,
+    /// The lease is given back after the events (the drive ends).
+    pub release: bool,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct NewRun {
+    pub holder: String,
+    pub lease_until_ms: i64,
 }
 
 /// A commit left in the queue by a thread that found the lock taken.
@@ -95,6 +120,8 @@ pub(crate) struct Queued {
     checkpoint: Option<Checkpoint>,
     lease_until_ms: i64,
     blobs: Vec<(String, i64, Vec<u8>)>,
+    contracts: Vec<ContractText>,
+    extra: Extra,
     written: Option<Written>,
     /// Set, with the rows the write left, by the thread that wrote it.
     outcome: Option<Result<Written, StoreError>>,
@@ -109,6 +136,8 @@ impl Queued {
             checkpoint: self.checkpoint.as_ref(),
             lease_until_ms: self.lease_until_ms,
             blobs: &self.blobs,
+            contracts: &self.contracts,
+            extra: self.extra.clone(),
         }
     }
 }
@@ -179,6 +208,8 @@ impl Writers {
                 checkpoint: commit.checkpoint.cloned(),
                 lease_until_ms: commit.lease_until_ms,
                 blobs: commit.blobs.to_vec(),
+                contracts: commit.contracts.to_vec(),
+                extra: commit.extra.clone(),
                 written: Some(written),
                 outcome: None,
             }),
@@ -322,6 +353,57 @@ fn write(
     own
 }
 
+/// One commit's statements, inside the transaction (and its savepoint, if it shares one).
+fn write_one(
+    tx: &rusqlite::Transaction<'_>,
+    commit: &Commit<'_>,
+    written: &mut Written,
+) -> Result<(), TxError> {
+    if !commit.contracts.is_empty() {
+        let mut insert = tx.prepare_cached(
+            "INSERT OR IGNORE INTO contracts (hash, file, source) VALUES (?1, ?2, ?3)",
+        )?;
+        for c in commit.contracts {
+            insert.execute(rusqlite::params![c.hash, c.file, c.source])?;
+        }
+    }
+    if let Some(new) = &commit.extra.create {
+        let created_at = commit.events.first().map_or(0, |e| e.at_ms);
+        tx.prepare_cached(
+            "INSERT INTO runs (id, contract_hash, state, reason, created_at, updated_at, \
+             last_seq, last_hash, lease_holder, lease_token, lease_until) \
+             VALUES (?1, ?2, 'planned', '', ?3, ?3, 0, ?4, ?5, ?6, ?7)",
+        )?
+        .execute(rusqlite::params![
+            commit.run.id,
+            commit.run.contract_hash,
+            created_at,
+            keel_core::event::GENESIS_HASH,
+            new.holder,
+            commit.lease.token,
+            new.lease_until_ms
+        ])?;
+    }
+    write_events(
+        tx,
+        commit.lease,
+        commit.events,
+        commit.run,
+        commit.checkpoint,
+        commit.lease_until_ms,
+        written,
+    )?;
+    write_blobs(tx, commit.blobs)?;
+    if commit.extra.release {
+        tx.prepare_cached(
+            "UPDATE runs SET lease_holder = NULL, lease_until = 0 \
+             WHERE id = ?1 AND lease_token = ?2",
+        )?
+        .execute(rusqlite::params![commit.lease.run_id, commit.lease.token])?;
+    }
+    Ok(())
+}
+
 /// Writes `commits` in one transaction, each in a savepoint with its `written` rows (a commit
 /// alone needs none): the outcome of each (the rows it left, or why it was refused, alone), or
 /// the transaction's own failure, which is all of theirs. A transaction in which every commit
@@ -344,16 +426,7 @@ pub(crate) fn write_commits(
         if savepoints {
             run("SAVEPOINT keel_commit")?;
         }
-        let result = write_events(
-            &tx,
-            commit.lease,
-            commit.events,
-            commit.run,
-            commit.checkpoint,
-            commit.lease_until_ms,
-            &mut written,
-        )
-        .and_then(|()| Ok(write_blobs(&tx, commit.blobs)?));
+        let result = write_one(&tx, commit, &mut written);
         match result {
             Ok(()) => {
                 if savepoints {

@@ -18,7 +18,7 @@ mod verify;
 use std::path::{Path, PathBuf};
 
 use keel_core::checkpoint::Checkpoint;
-use keel_core::event::{EVENT_VERSION, Envelope, Event, EventBody, GENESIS_HASH};
+use keel_core::event::{EVENT_VERSION, Envelope, Event, EventBody};
 use keel_core::run::Run;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
@@ -198,6 +198,8 @@ pub struct Store {
     /// Small artifacts waiting for the next commit, which stores them in its transaction: hash,
     /// codec (see `blob`), stored bytes.
     pending_blobs: std::cell::RefCell<Vec<(String, i64, Vec<u8>)>>,
+    /// Contracts waiting for the next commit (the creation of the run that names them).
+    pending_contracts: std::cell::RefCell<Vec<batch::ContractText>>,
     /// The `steps` and `budgets` rows this connection last wrote for each run it holds, so a
     /// commit rewrites only the rows that changed (a long run has thousands of steps).
     rows: std::cell::RefCell<std::collections::HashMap<String, Rows>>,
@@ -297,6 +299,7 @@ impl Store {
             path: path.to_path_buf(),
             artifacts: Artifacts::new(dir),
             pending_blobs: std::cell::RefCell::new(Vec::new()),
+            pending_contracts: std::cell::RefCell::new(Vec::new()),
             rows: std::cell::RefCell::new(std::collections::HashMap::new()),
             commits: std::cell::Cell::new(0),
             writer: writer_lock(path),
@@ -391,13 +394,24 @@ impl Store {
         }
     }
 
+    /// Stores a contract's exact text under its hash, with the next commit of this connection
+    /// (the run that names it is created in that commit): once, a contract already stored is
+    /// not written again.
     pub fn put_contract(&self, hash: &str, file: &str, source: &str) -> Result<(), StoreError> {
-        self.conn
-            .execute(
-                "INSERT OR IGNORE INTO contracts (hash, file, source) VALUES (?1, ?2, ?3)",
-                params![hash, file, source],
-            )
+        // A read never waits for a writer (WAL); most runs of a contract find it stored.
+        let stored = self
+            .conn
+            .prepare_cached("SELECT 1 FROM contracts WHERE hash = ?1")
+            .and_then(|mut q| q.exists([hash]))
             .map_err(|e| self.sql(e))?;
+        let mut pending = self.pending_contracts.borrow_mut();
+        if !stored && !pending.iter().any(|c| c.hash == hash) {
+            pending.push(batch::ContractText {
+                hash: hash.to_string(),
+                file: file.to_string(),
+                source: source.to_string(),
+            });
+        }
         Ok(())
     }
 
@@ -413,7 +427,9 @@ impl Store {
             .map_err(|e| self.sql(e))
     }
 
-    /// Inserts a new run with its `run_created` event and takes its lease.
+    /// Inserts a new run with its `run_created` event and takes its lease, with the contracts
+    /// [`Store::put_contract`] left waiting, in one transaction (shared with other threads'
+    /// commits, see [`Store::commit`]).
     pub fn create_run(
         &mut self,
         created: &Event,
@@ -422,50 +438,25 @@ impl Store {
         now_ms: i64,
         ttl_ms: i64,
     ) -> Result<Lease, StoreError> {
-        let path = self.path.clone();
-        let sql = |source| StoreError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let writer = std::sync::Arc::clone(&self.writer);
-        let _queued = writer
-            .lock
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sql)?;
-        tx.execute(
-            "INSERT INTO runs (id, contract_hash, state, reason, created_at, updated_at, last_seq, \
-             last_hash, lease_holder, lease_token, lease_until) \
-             VALUES (?1, ?2, 'planned', '', ?3, ?3, 0, ?4, ?5, 1, ?6)",
-            params![
-                run.id,
-                run.contract_hash,
-                created.at_ms,
-                GENESIS_HASH,
-                holder,
-                now_ms + ttl_ms
-            ],
-        )
-        .map_err(sql)?;
         let lease = Lease {
             run_id: run.id.clone(),
             token: 1,
             holder: holder.to_string(),
         };
-        write_events(
-            &tx,
+        self.write(
             &lease,
             std::slice::from_ref(created),
             run,
             None,
             now_ms + ttl_ms,
-            &mut Written::Rewrite,
-        )
-        .map_err(|e| e.into_store(&path))?;
-        finish(tx).map_err(sql)?;
+            batch::Extra {
+                create: Some(batch::NewRun {
+                    holder: holder.to_string(),
+                    lease_until_ms: now_ms + ttl_ms,
+                }),
+                release: false,
+            },
+        )?;
         Ok(lease)
     }
 
@@ -597,11 +588,46 @@ impl Store {
         checkpoint: Option<&Checkpoint>,
         lease_until_ms: i64,
     ) -> Result<(), StoreError> {
+        let extra = batch::Extra::default();
+        self.write(lease, events, run, checkpoint, lease_until_ms, extra)
+    }
+
+    /// [`Store::commit`], and the lease given back in the same transaction (a run whose drive
+    /// ends here). `events` may be empty.
+    pub fn commit_and_release(
+        &mut self,
+        lease: &Lease,
+        events: &[Event],
+        run: &Run,
+        checkpoint: Option<&Checkpoint>,
+    ) -> Result<(), StoreError> {
+        let extra = batch::Extra {
+            create: None,
+            release: true,
+        };
+        self.write(lease, events, run, checkpoint, 0, extra)
+    }
+
+    /// One write through this process's shared transactions (see `batch`), with the artifacts
+    /// and contracts waiting for it. Counted in [`Store::commits`] when it appends events to a
+    /// run that was there.
+    fn write(
+        &mut self,
+        lease: &Lease,
+        events: &[Event],
+        run: &Run,
+        checkpoint: Option<&Checkpoint>,
+        lease_until_ms: i64,
+        extra: batch::Extra,
+    ) -> Result<(), StoreError> {
         let rows = match self.rows.borrow_mut().remove(&lease.run_id) {
             Some(rows) => Written::Known(rows),
+            None if extra.create.is_some() => Written::Rewrite,
             None => Written::Unknown,
         };
+        let creates = extra.create.is_some();
         let blobs = std::mem::take(&mut *self.pending_blobs.borrow_mut());
+        let contracts = std::mem::take(&mut *self.pending_contracts.borrow_mut());
         let writer = std::sync::Arc::clone(&self.writer);
         let written = writer.commit(
             &mut self.conn,
@@ -613,6 +639,8 @@ impl Store {
                 checkpoint,
                 lease_until_ms,
                 blobs: &blobs,
+                contracts: &contracts,
+                extra,
             },
             rows,
             self.grouped,
@@ -620,7 +648,9 @@ impl Store {
         );
         match written {
             Ok(rows) => {
-                self.commits.set(self.commits.get() + 1);
+                if !events.is_empty() && !creates {
+                    self.commits.set(self.commits.get() + 1);
+                }
                 // Only a committed write is remembered: after a failure the rows are read again.
                 if let Written::Known(rows) = rows {
                     self.rows.borrow_mut().insert(lease.run_id.clone(), rows);
@@ -628,8 +658,10 @@ impl Store {
                 Ok(())
             }
             Err(e) => {
-                // The blobs stay waiting for the next commit, as the events that name them do.
+                // The blobs and contracts stay waiting for the next commit, as the events that
+                // name them do.
                 self.pending_blobs.borrow_mut().extend(blobs);
+                self.pending_contracts.borrow_mut().extend(contracts);
                 Err(e)
             }
         }

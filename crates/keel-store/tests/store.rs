@@ -481,3 +481,65 @@ fn a_store_from_before_compression_keeps_reading_its_blobs() {
     assert_eq!(stored_blob(&dir, &new).0, 1);
     assert_eq!(store.read_artifact(&new, usize::MAX).unwrap(), newer);
 }
+
+#[test]
+fn a_contract_is_stored_with_the_run_that_names_it_and_only_once() {
+    let (dir, mut store) = open();
+    let contracts = |dir: &tempfile::TempDir| -> i64 {
+        rusqlite_open(dir)
+            .query_row("SELECT count(*) FROM contracts", [], |r| r.get(0))
+            .unwrap()
+    };
+    store.put_contract("c1", "keel.toml", "[task]").unwrap();
+    // Waiting for the commit that creates the run: not stored yet.
+    assert_eq!(store.contract("c1").unwrap(), None);
+    assert_eq!(contracts(&dir), 0);
+    let (e, run) = created("r1");
+    store.create_run(&e, &run, "a", 0, 1000).unwrap();
+    assert_eq!(
+        store.contract("c1").unwrap(),
+        Some(("keel.toml".to_string(), "[task]".to_string()))
+    );
+    // A second run of the same contract finds it stored and writes nothing more.
+    store.put_contract("c1", "keel.toml", "[task]").unwrap();
+    let (e, run) = created("r2");
+    store.create_run(&e, &run, "a", 0, 1000).unwrap();
+    assert_eq!(contracts(&dir), 1);
+    // A creation that is refused (the run exists) leaves the contract waiting for the next.
+    store.put_contract("c2", "other.toml", "[task] x").unwrap();
+    let (e, run) = created("r1");
+    assert!(store.create_run(&e, &run, "a", 0, 1000).is_err());
+    assert_eq!(store.contract("c2").unwrap(), None);
+    let (e, run) = created("r3");
+    store.create_run(&e, &run, "a", 0, 1000).unwrap();
+    assert!(store.contract("c2").unwrap().is_some());
+}
+
+#[test]
+fn the_last_events_and_the_release_of_the_lease_are_one_commit() {
+    let (_d, mut store) = open();
+    let (e, run) = created("r1");
+    let lease = store.create_run(&e, &run, "a", 0, 1000).unwrap();
+    assert_eq!(store.lease_info("r1").unwrap().holder.as_deref(), Some("a"));
+    let (events, run2) = next(&run, vec![resumed(1)]);
+    store
+        .commit_and_release(&lease, &events, &run2, None)
+        .unwrap();
+    assert_eq!(store.log_head("r1").unwrap().0, 2);
+    let info = store.lease_info("r1").unwrap();
+    assert_eq!((info.holder, info.until_ms), (None, 0));
+    // Another holder takes it at once; the old lease can neither write nor release it.
+    let new = store
+        .acquire("r1", "b", 10, 1000, false, &|_| false)
+        .unwrap();
+    let (more, run3) = next(&run2, vec![resumed(2)]);
+    let err = store
+        .commit_and_release(&lease, &more, &run3, None)
+        .unwrap_err();
+    assert!(matches!(err, StoreError::LeaseLost { .. }), "{err}");
+    assert_eq!(store.lease_info("r1").unwrap().holder.as_deref(), Some("b"));
+    // With nothing to append, it gives the lease back alone.
+    store.commit_and_release(&new, &[], &run2, None).unwrap();
+    assert_eq!(store.lease_info("r1").unwrap().holder, None);
+    assert_eq!(store.log_head("r1").unwrap().0, 2);
+}
