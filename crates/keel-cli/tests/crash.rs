@@ -176,15 +176,8 @@ impl Scenario {
     fn check_final(&self, id: &str) {
         let status = self.fx.status(id);
         assert_eq!(state(&status), "completed", "{status:#}");
-        let db = self.fx.db();
-        let seqs: Vec<i64> = db
-            .prepare("SELECT seq FROM events WHERE run_id = ?1 ORDER BY seq")
-            .unwrap()
-            .query_map([id], |r| r.get(0))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
-        let expected: Vec<i64> = (1..=seqs.len() as i64).collect();
+        let seqs: Vec<u64> = self.fx.stored_events(id).iter().map(|e| e.seq).collect();
+        let expected: Vec<u64> = (1..=seqs.len() as u64).collect();
         assert_eq!(seqs, expected, "sequence numbers are not contiguous");
         self.fx.verify_log_ok(id);
         let counts = self.executions();
@@ -200,7 +193,9 @@ impl Scenario {
             "the workspace holds exactly one run's work"
         );
         // Budgets recorded in successive checkpoints never go down.
-        let bodies: Vec<String> = db
+        let bodies: Vec<String> = self
+            .fx
+            .db()
             .prepare("SELECT body FROM checkpoints WHERE run_id = ?1 ORDER BY n")
             .unwrap()
             .query_map([id], |r| r.get(0))

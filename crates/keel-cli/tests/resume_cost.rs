@@ -69,12 +69,9 @@ fn resume_without_history(history_steps: usize) -> usize {
             |r| r.get(0),
         )
         .unwrap();
-    let removed = db
-        .execute(
-            "DELETE FROM events WHERE run_id = ?1 AND seq < ?2",
-            rusqlite::params![id, checkpoint_seq],
-        )
-        .unwrap();
+    let before = f.stored_events(&id).len();
+    f.remove_events(&id, |seq| (seq as i64) < checkpoint_seq);
+    let removed = before - f.stored_events(&id).len();
     // The older checkpoint goes too: resume must not need it.
     db.execute("DELETE FROM checkpoints WHERE run_id = ?1 AND n = 0", [&id])
         .unwrap();

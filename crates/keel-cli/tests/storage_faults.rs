@@ -107,10 +107,7 @@ fn events_with_wal(db: &Path, wal: &[u8], id: &str) -> u64 {
     std::fs::copy(db, scratch.path().join("keel.db")).unwrap();
     std::fs::write(scratch.path().join("keel.db-wal"), wal).unwrap();
     let conn = rusqlite::Connection::open(scratch.path().join("keel.db")).unwrap();
-    conn.query_row("SELECT count(*) FROM events WHERE run_id = ?1", [id], |r| {
-        r.get(0)
-    })
-    .unwrap()
+    common::count_events(&conn, Some(id))
 }
 
 /// Puts the store back to the killed run's files (database and WAL, no shared-memory index)
@@ -180,14 +177,7 @@ fn a_wal_cut_anywhere_in_its_last_transaction_rolls_back_to_the_one_before() {
         let out = f.run(&["verify-log", &id]);
         assert_no_panic(&out, &context);
         assert_eq!(out.status.code(), Some(0), "{context}\n{}", f.explain(&out));
-        let count: u64 = f
-            .db()
-            .query_row(
-                "SELECT count(*) FROM events WHERE run_id = ?1",
-                [&id],
-                |r| r.get(0),
-            )
-            .unwrap();
+        let count = common::count_events(&f.db(), Some(&id));
         assert_eq!(
             count, before,
             "{context}: the store holds exactly the transactions before the torn one"
@@ -211,7 +201,7 @@ fn facts(db: &Path, id: &str) -> Result<Vec<String>, String> {
             .map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     for sql in [
-        "SELECT CAST(seq || '|' || at || '|' || v || '|' || kind || '|' || body || '|' || prev_hash || '|' || hash AS BLOB) FROM events WHERE run_id = ?1 ORDER BY seq",
+        "SELECT CAST(first_seq || '|' || last_seq || '|' || codec || '|' || hex(events) || '|' || hex(coalesce(blobs, '')) AS BLOB) FROM log WHERE run_id = ?1 ORDER BY last_seq",
         "SELECT CAST(n || '|' || seq || '|' || hash || '|' || body AS BLOB) FROM checkpoints WHERE run_id = ?1 ORDER BY n",
         "SELECT CAST(hash || '|' || source AS BLOB) FROM contracts WHERE ?1 IS NOT NULL ORDER BY hash",
     ] {
@@ -611,10 +601,11 @@ fn run_with_fault(f: &Fixture, fault: &str, names: &[&str]) -> (Option<String>, 
         .next()
         .and_then(|l| l.strip_prefix("run "))
         .map(|s| s.trim().to_string());
-    let events = f
-        .db()
-        .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
-        .unwrap_or(0);
+    let events = if f.path(".keel/keel.db").exists() {
+        common::count_events(&f.db(), None)
+    } else {
+        0
+    };
     (id, events)
 }
 
@@ -763,12 +754,28 @@ fn an_event_that_is_no_longer_utf8_is_reported_as_damaged_not_a_read_error() {
     let f = Fixture::new(CONTRACT);
     let (id, out) = f.start(&[]);
     assert_eq!(out.status.code(), Some(0), "{}", f.explain(&out));
+    // The row holding event 5, written back uncompressed with one byte of its body made 0xFF.
     let db = f.db();
+    let (row, codec, bytes): (i64, i64, Vec<u8>) = db
+        .query_row(
+            "SELECT id, codec, events FROM log WHERE run_id = ?1 AND first_seq <= 5 \
+             AND last_seq >= 5",
+            [&id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    let events = keel_store::log::decode_events(&id, codec, &bytes).unwrap();
+    let body = &events.iter().find(|e| e.seq == 5).unwrap().body;
+    let mut raw = keel_store::log::encode_events(&events);
+    let at = raw
+        .windows(body.len())
+        .position(|w| w == body.as_bytes())
+        .unwrap();
+    raw[at + 5] = 0xFF;
     let n = db
         .execute(
-            "UPDATE events SET body = CAST(CAST(substr(body, 1, 5) AS BLOB) || X'FF' || \
-             CAST(substr(body, 6) AS BLOB) AS TEXT) WHERE run_id = ?1 AND seq = 5",
-            [&id],
+            "UPDATE log SET codec = 0, events = ?2 WHERE id = ?1",
+            rusqlite::params![row, raw],
         )
         .unwrap();
     assert_eq!(n, 1);

@@ -78,51 +78,15 @@ fn killed_after_step(f: &Fixture, k: usize) -> String {
 
 /// `(number of events, highest sequence number)` of a run, read from the store directly.
 fn counts(f: &Fixture, id: &str) -> (u64, u64) {
-    f.db()
-        .query_row(
-            "SELECT count(*), coalesce(max(seq), 0) FROM events WHERE run_id = ?1",
-            [id],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .unwrap()
+    let events = f.stored_events(id);
+    (events.len() as u64, events.last().map_or(0, |e| e.seq))
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Row {
-    seq: u64,
-    at: i64,
-    v: u32,
-    kind: String,
-    body: String,
-    prev_hash: String,
-    hash: String,
+fn rows(f: &Fixture, id: &str) -> Vec<keel_store::StoredEvent> {
+    f.stored_events(id)
 }
 
-fn rows(f: &Fixture, id: &str) -> Vec<Row> {
-    let db = f.db();
-    let mut stmt = db
-        .prepare(
-            "SELECT seq, at, v, kind, body, prev_hash, hash FROM events WHERE run_id = ?1 \
-             ORDER BY seq",
-        )
-        .unwrap();
-    stmt.query_map([id], |r| {
-        Ok(Row {
-            seq: r.get(0)?,
-            at: r.get(1)?,
-            v: r.get(2)?,
-            kind: r.get(3)?,
-            body: r.get(4)?,
-            prev_hash: r.get(5)?,
-            hash: r.get(6)?,
-        })
-    })
-    .unwrap()
-    .map(Result::unwrap)
-    .collect()
-}
-
-fn row(f: &Fixture, id: &str, seq: u64) -> Row {
+fn row(f: &Fixture, id: &str, seq: u64) -> keel_store::StoredEvent {
     rows(f, id)
         .into_iter()
         .find(|r| r.seq == seq)
@@ -131,50 +95,26 @@ fn row(f: &Fixture, id: &str, seq: u64) -> Row {
 
 /// Cuts an event's body in half, as a torn write would leave it.
 fn garble(f: &Fixture, id: &str, seq: u64) {
-    let changed = f
-        .db()
-        .execute(
-            "UPDATE events SET body = substr(body, 1, length(body) / 2) \
-             WHERE run_id = ?1 AND seq = ?2",
-            rusqlite::params![id, seq],
-        )
-        .unwrap();
-    assert_eq!(changed, 1);
+    f.tamper(id, seq, |e| {
+        let mut half = e.body.len() / 2;
+        while !e.body.is_char_boundary(half) {
+            half -= 1;
+        }
+        e.body.truncate(half);
+    });
 }
 
 fn set_hash(f: &Fixture, id: &str, seq: u64, hash: &str) {
-    let changed = f
-        .db()
-        .execute(
-            "UPDATE events SET hash = ?3 WHERE run_id = ?1 AND seq = ?2",
-            rusqlite::params![id, seq, hash],
-        )
-        .unwrap();
-    assert_eq!(changed, 1);
+    f.tamper(id, seq, |e| e.hash = hash.to_string());
 }
 
 /// Replaces an event's body and gives it the hash that body would have: the event is
 /// consistent in itself, and only the chain can tell.
 fn rewrite_with_hash(f: &Fixture, id: &str, seq: u64, body: &str) {
-    let r = row(f, id, seq);
-    let hash = keel_core::event::Envelope {
-        prev_hash: &r.prev_hash,
-        run_id: id,
-        seq: r.seq,
-        at_ms: r.at,
-        version: r.v,
-        kind: &r.kind,
-        body,
-    }
-    .hash();
-    let changed = f
-        .db()
-        .execute(
-            "UPDATE events SET body = ?3, hash = ?4 WHERE run_id = ?1 AND seq = ?2",
-            rusqlite::params![id, seq, body, hash],
-        )
-        .unwrap();
-    assert_eq!(changed, 1);
+    f.tamper(id, seq, |e| {
+        e.body = body.to_string();
+        e.hash = e.computed_hash();
+    });
 }
 
 /// The sequence number of the newest checkpoint's `checkpoint_taken` event.
@@ -294,12 +234,7 @@ fn a_torn_checkpoint_event_falls_back_to_the_previous_checkpoint() {
     let id = killed_at(&f, after_checkpoint(&fault_points(CONTRACT), 2));
     let last = newest_checkpoint_event(&f, &id);
     assert_eq!(row(&f, &id, last).kind, "checkpoint_taken");
-    f.db()
-        .execute(
-            "DELETE FROM events WHERE run_id = ?1 AND seq > ?2",
-            rusqlite::params![id, last],
-        )
-        .unwrap();
+    f.remove_events(&id, |seq| seq > last);
     garble(&f, &id, last);
 
     f.expect(&["resume", &id], 0);
@@ -425,14 +360,7 @@ fn a_deleted_event_in_the_middle_is_reported_as_a_gap() {
     let (count, last) = counts(&f, &id);
     let missing = last - 2;
     assert!(missing > newest_checkpoint_event(&f, &id));
-    let deleted = f
-        .db()
-        .execute(
-            "DELETE FROM events WHERE run_id = ?1 AND seq = ?2",
-            rusqlite::params![id, missing],
-        )
-        .unwrap();
-    assert_eq!(deleted, 1);
+    f.remove_events(&id, |seq| seq == missing);
     assert_eq!(counts(&f, &id), (count - 1, last));
     let gap = format!("event {} follows where {missing} was expected", missing + 1);
     expect_damaged(&f, &id, &gap);
@@ -441,12 +369,7 @@ fn a_deleted_event_in_the_middle_is_reported_as_a_gap() {
     // A gap before the newest checkpoint of a completed run is found by verify-log too.
     let f = Fixture::new(CONTRACT);
     let (id, _) = f.start(&[]);
-    f.db()
-        .execute(
-            "DELETE FROM events WHERE run_id = ?1 AND seq = 5",
-            rusqlite::params![id],
-        )
-        .unwrap();
+    f.remove_events(&id, |seq| seq == 5);
     expect_damaged(&f, &id, "event 6 follows where 5 was expected");
 }
 
@@ -455,10 +378,18 @@ fn events_in_copy(db: &Path, wal: &Path, id: &str) -> u64 {
     std::fs::copy(db, scratch.path().join("keel.db")).unwrap();
     std::fs::copy(wal, scratch.path().join("keel.db-wal")).unwrap();
     let conn = rusqlite::Connection::open(scratch.path().join("keel.db")).unwrap();
-    conn.query_row("SELECT count(*) FROM events WHERE run_id = ?1", [id], |r| {
-        r.get(0)
-    })
-    .unwrap()
+    let mut stmt = conn
+        .prepare("SELECT codec, events FROM log WHERE run_id = ?1")
+        .unwrap();
+    stmt.query_map([id], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))
+        .unwrap()
+        .map(|row| {
+            let (codec, bytes) = row.unwrap();
+            keel_store::log::decode_events(id, codec, &bytes)
+                .unwrap()
+                .len() as u64
+        })
+        .sum()
 }
 
 #[test]
@@ -528,12 +459,7 @@ fn a_missing_last_event_is_cut_back_to_the_last_whole_event() {
     let f = Fixture::new(CONTRACT);
     let id = killed_after_step(&f, 2);
     let (count, last) = counts(&f, &id);
-    f.db()
-        .execute(
-            "DELETE FROM events WHERE run_id = ?1 AND seq = ?2",
-            rusqlite::params![id, last],
-        )
-        .unwrap();
+    f.remove_events(&id, |seq| seq == last);
     assert_eq!(counts(&f, &id), (count - 1, last - 1));
 
     let out = f.expect(&["resume", &id], 0);
@@ -599,12 +525,7 @@ fn an_altered_kind_column_fails_verify_log() {
     let (id, out) = f.start(&[]);
     assert_eq!(out.status.code(), Some(0), "{}", f.explain(&out));
     assert_eq!(row(&f, &id, 5).kind, "phase_started");
-    f.db()
-        .execute(
-            "UPDATE events SET kind = 'migrated' WHERE run_id = ?1 AND seq = 5",
-            [&id],
-        )
-        .unwrap();
+    f.tamper(&id, 5, |e| e.kind = "migrated".into());
     expect_damaged(&f, &id, "event 5");
 }
 
@@ -636,8 +557,40 @@ fn a_changed_artifact_fails_verify_log() {
     let f = Fixture::new(CONTRACT);
     let (id, out) = f.start(&[]);
     assert_eq!(out.status.code(), Some(0), "{}", f.explain(&out));
+    // A verifier's output is kept with the events that name it: one changed byte there is
+    // found too.
     let evidence = &f.status(&id)["evidence"][0];
-    let hash = evidence["output"].as_str().unwrap().to_string();
+    let small = evidence["output"].as_str().unwrap().to_string();
+    let db = f.db();
+    let (row, blobs): (i64, Vec<u8>) = db
+        .query_row(
+            "SELECT id, blobs FROM log WHERE run_id = ?1 AND instr(blob_hashes, ?2) > 0",
+            rusqlite::params![id, small],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    let mut decoded = keel_store::log::decode_blobs(&blobs).unwrap();
+    let blob = decoded.iter_mut().find(|(h, _, _)| *h == small).unwrap();
+    assert_eq!(blob.1, 0, "a short output is kept as it is");
+    blob.2.push(b'!');
+    let (changed, _) = keel_store::log::encode_blobs(&decoded);
+    db.execute(
+        "UPDATE log SET blobs = ?2 WHERE id = ?1",
+        rusqlite::params![row, changed],
+    )
+    .unwrap();
+    expect_damaged(&f, &id, &format!("artifact {small}"));
+
+    // A command's output is a file of its own.
+    let f = Fixture::new(CONTRACT);
+    let (id, out) = f.start(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", f.explain(&out));
+    let finished = f
+        .events(&id)
+        .into_iter()
+        .find(|e| e["kind"] == "step_finished")
+        .unwrap();
+    let hash = finished["body"]["output"].as_str().unwrap().to_string();
     let path = f.path(&format!(".keel/artifacts/{}/{hash}", &hash[..2]));
     assert!(path.exists(), "artifact at {}", path.display());
     let mut perms = std::fs::metadata(&path).unwrap().permissions();
@@ -648,4 +601,75 @@ fn a_changed_artifact_fails_verify_log() {
     text.extend_from_slice(b"appended later\n");
     std::fs::write(&path, text).unwrap();
     expect_damaged(&f, &id, &format!("artifact {hash}"));
+}
+
+/// The `log` row (a commit of the run) holding event `seq`: its id and first and last events.
+fn commit_row(f: &Fixture, id: &str, seq: u64) -> (i64, u64, u64) {
+    f.db()
+        .query_row(
+            "SELECT id, first_seq, last_seq FROM log WHERE run_id = ?1 AND first_seq <= ?2 \
+             AND last_seq >= ?2",
+            rusqlite::params![id, seq],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap()
+}
+
+/// Makes a commit's stored events unreadable: its compressed frame cut in half.
+fn tear_commit(f: &Fixture, row: i64) {
+    let changed = f
+        .db()
+        .execute(
+            "UPDATE log SET codec = 1, events = substr(events, 1, length(events) / 2) \
+             WHERE id = ?1",
+            [row],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+}
+
+#[test]
+fn an_unreadable_last_commit_is_cut_back_to_the_commit_before() {
+    let f = Fixture::new(CONTRACT);
+    let id = killed_after_step(&f, 2);
+    let (_, last) = counts(&f, &id);
+    let (row, first, end) = commit_row(&f, &id, last);
+    assert_eq!(end, last);
+    let before: Vec<_> = rows(&f, &id)
+        .into_iter()
+        .filter(|e| e.seq < first)
+        .collect();
+    tear_commit(&f, row);
+    expect_damaged(
+        &f,
+        &id,
+        &format!("event {first} and the events stored with it"),
+    );
+
+    f.expect(&["resume", &id], 0);
+    // The whole torn commit goes: the tail_cut takes its first event's place.
+    expect_completed_after_cut(&f, &id, first);
+    assert_eq!(
+        rows(&f, &id)[..before.len()],
+        before[..],
+        "the commits before it are kept as they were"
+    );
+}
+
+#[test]
+fn an_unreadable_commit_in_the_middle_stops_resume() {
+    let f = Fixture::new(CONTRACT);
+    let id = killed_after_step(&f, 3);
+    let (_, last) = counts(&f, &id);
+    let checkpoint = newest_checkpoint_event(&f, &id);
+    // A commit after the checkpoint's and before the last.
+    let (row, first, end) = commit_row(&f, &id, last);
+    let (middle, middle_first, _) = commit_row(&f, &id, first - 1);
+    assert!(middle != row && end == last);
+    assert!(
+        middle_first > checkpoint,
+        "the damage lies after the newest checkpoint"
+    );
+    tear_commit(&f, middle);
+    expect_resume_refused(&f, &id, middle_first);
 }

@@ -292,12 +292,9 @@ fn a_run_that_cannot_be_driven_does_not_keep_a_worker_busy() {
     let f = Fixture::new(&slow_contract(&marker, false).replace("; sleep 1", ""));
     let id = detach(&f);
     // Damage in the middle of the log: resume refuses the run, every time.
-    f.db()
-        .execute(
-            "UPDATE events SET body = replace(body, 'run_created', 'run_createx') WHERE seq = 1",
-            [],
-        )
-        .unwrap();
+    f.tamper(&id, 1, |e| {
+        e.body = e.body.replace("run_created", "run_createx")
+    });
     f.db()
         .execute("DELETE FROM checkpoints WHERE run_id = ?1", [&id])
         .unwrap();

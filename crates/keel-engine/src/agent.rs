@@ -521,7 +521,8 @@ impl Engine<'_> {
                 {
                     self.env.git.restore_worktree(&pre)?;
                 }
-                self.store.read_artifact(&hash, usize::MAX)?
+                self.store
+                    .read_run_artifact(&self.run.id, &hash, usize::MAX)?
             }
             None => {
                 let limit = self

@@ -848,7 +848,12 @@ fn load_verified(
         run: id.clone(),
         problem: format!("event {anchor_seq} is missing"),
     })?;
-    let problem = if anchor.computed_hash() != anchor.hash {
+    let problem = if anchor.seq != anchor_seq {
+        return Err(EngineError::DamagedLog {
+            run: id.clone(),
+            problem: format!("event {anchor_seq} is missing"),
+        });
+    } else if anchor.computed_hash() != anchor.hash {
         Some(ChainProblem::Altered { seq: anchor.seq })
     } else {
         verify_chain(Some((anchor.seq, &anchor.hash)), tail.iter().skip(1)).err()
@@ -866,6 +871,7 @@ fn load_verified(
                     p,
                     ChainProblem::Altered { .. }
                         | ChainProblem::Undecodable { .. }
+                        | ChainProblem::Unreadable { .. }
                         | ChainProblem::KindMismatch { .. }
                 ) =>
         {
@@ -1225,12 +1231,11 @@ pub fn verify_log(store: &Store, run_id: &str) -> Result<LogReport, EngineError>
             Err(e) => return Err(e.into()),
         }
     }
-    for hash in &artifacts {
-        if !store.verify_artifact(hash)? {
-            problems.push(format!(
-                "artifact {hash} is missing or does not match its hash"
-            ));
-        }
+    // One pass over the run's rows for the artifacts stored with its events.
+    for hash in store.unsound_run_artifacts(&id, &artifacts)? {
+        problems.push(format!(
+            "artifact {hash} is missing or does not match its hash"
+        ));
     }
     Ok(LogReport {
         run: id,
@@ -1883,7 +1888,8 @@ impl Engine<'_> {
             .map_err(|e| EngineError::io(&out, e))?
         };
         fault::point("verifier ended");
-        let output = self.store.artifacts().put_file(&out)?;
+        // Stored with the evidence that names it (a large one as a file of its own).
+        let output = self.store.put_output_file(&out)?;
         // A failure carries the part of its output that says what failed, for the driver.
         let excerpt = (!outcome.success).then(|| {
             keel_core::run::cut(

@@ -14,16 +14,16 @@ use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, getgid, getuid};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use crate::error::SandboxError;
 use crate::{
-    MESSAGE_PREFIX, REFUSED_EXIT_CODE, REQUEST_VAR, Request, STAGE1_MARKER, STAGE2_MARKER, cgroup,
-    check_policy, rules,
+    MESSAGE_PREFIX, REFUSED_EXIT_CODE, REQUEST_VAR, Request, STAGE1_MARKER, cgroup, check_policy,
+    rules,
 };
 
-/// What stage 1 hands to stage 2.
-#[derive(Debug, Serialize, Deserialize)]
+/// What stage 1 hands to stage 2 (its fork).
+#[derive(Debug)]
 struct Stage2 {
     request: Request,
     /// Stage 1's pid (in the caller's pid namespace).
@@ -43,7 +43,6 @@ pub fn enter_if_helper() {
     let _ = args.next();
     match args.next() {
         Some(a) if a == STAGE1_MARKER => stage1(),
-        Some(a) if a == STAGE2_MARKER => stage2(),
         _ => {}
     }
 }
@@ -227,18 +226,7 @@ fn run_stage1(request: &Request) -> Result<i32, SandboxError> {
         cgroup: guard.0.clone(),
         extra_writable,
     };
-    let json = serde_json::to_string(&stage2).map_err(SandboxError::Serialize)?;
-    let exe = std::env::current_exe().map_err(io("find the helper's own executable"))?;
-    let child = Command::new(&exe)
-        .arg(STAGE2_MARKER)
-        .env_clear()
-        .env(REQUEST_VAR, json)
-        .spawn()
-        .map_err(io(format!(
-            "start the sandbox's second stage {}",
-            exe.display()
-        )))?;
-    let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+    let pid = fork_stage2(stage2)?;
     let code = loop {
         match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::Exited(_, code)) => break code,
@@ -362,13 +350,50 @@ fn hide(request: &Request) -> Result<(), SandboxError> {
     Ok(())
 }
 
-fn stage2() -> ! {
-    let stage: Stage2 = match read_env() {
-        Ok(s) => s,
-        Err(e) => refuse(None, &e),
-    };
+/// Starts stage 2 as a fork of stage 1 (no second exec of the helper's binary, whose start
+/// alone costs a millisecond of CPU on a virtual machine): the child is PID 1 of the new pid
+/// namespace and never returns from here.
+fn fork_stage2(stage: Stage2) -> Result<Pid, SandboxError> {
+    // A fork is sound only in a process of one thread: the child gets a copy of this thread
+    // alone, and a lock another thread held would stay held in it for ever. The helper is
+    // entered first thing in `main`, before any thread starts; checked, failing closed.
+    let threads = fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .and_then(|n| n.trim().parse::<u32>().ok())
+        });
+    if threads != Some(1) {
+        return Err(SandboxError::BadRequest(format!(
+            "the sandbox's first stage runs {} threads, not one: it was entered after a thread \
+             started (call keel_sandbox::enter_if_helper first thing in main)",
+            threads.map_or("an unknown number of".to_string(), |n| n.to_string())
+        )));
+    }
+    match fork_one_thread().map_err(errno_io("start the sandbox's second stage"))? {
+        nix::unistd::ForkResult::Parent { child } => Ok(child),
+        nix::unistd::ForkResult::Child => {
+            // Stage 1 blocked the signals it waits for; the command starts with none blocked.
+            let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+            stage2(&stage)
+        }
+    }
+}
+
+/// `fork(2)` of a process of one thread (see `fork_stage2`).
+#[allow(unsafe_code)]
+fn fork_one_thread() -> nix::Result<nix::unistd::ForkResult> {
+    // SAFETY: the caller checked that this process has one thread, so the child's copy of the
+    // address space holds no lock or allocator state that another thread was in the middle of
+    // changing; the child goes on with ordinary code and ends in exec or exit.
+    unsafe { nix::unistd::fork() }
+}
+
+fn stage2(stage: &Stage2) -> ! {
     let mut report = open_report(&stage.request);
-    match run_stage2(&stage) {
+    match run_stage2(stage) {
         Ok(exec_error) => {
             let program = stage
                 .request

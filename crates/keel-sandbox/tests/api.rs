@@ -90,3 +90,21 @@ fn the_private_tmp_is_removed_on_drop() {
     drop(tmp);
     assert!(!path.exists());
 }
+
+/// Stage 2 is a fork of stage 1, which is sound only in a process of one thread: a helper
+/// entered after a thread started refuses, saying why, and the command never runs.
+#[test]
+fn a_helper_entered_after_a_thread_started_refuses_to_fork() {
+    let f = Fixture::new();
+    let policy = f.sh("touch ran");
+    let sandbox = keel_sandbox::Sandbox::new(env!("CARGO_BIN_EXE_keel-sandbox-threaded-helper"));
+    let (mut cmd, tmp) = sandbox.command(&policy).unwrap();
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(REFUSED_EXIT_CODE), "{out:?}");
+    let refusal = tmp.refusal().unwrap();
+    assert!(
+        refusal.contains("threads, not one") && refusal.contains("enter_if_helper"),
+        "{refusal}"
+    );
+    assert!(!f.ws.join("ran").exists());
+}

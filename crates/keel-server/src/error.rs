@@ -86,9 +86,9 @@ impl From<StoreError> for ApiError {
             StoreError::LeaseHeld { .. } => {
                 ApiError::conflict(format!("{message}; the run is busy, try again in a moment"))
             }
-            StoreError::LeaseLost { .. } | StoreError::Conflict { .. } => {
-                ApiError::conflict(format!("{message}; try again"))
-            }
+            StoreError::LeaseLost { .. }
+            | StoreError::Conflict { .. }
+            | StoreError::HeadMoved { .. } => ApiError::conflict(format!("{message}; try again")),
             StoreError::Sqlite { .. }
             | StoreError::Io { .. }
             | StoreError::Decode { .. }

@@ -20,12 +20,10 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
-use keel_core::checkpoint::Checkpoint;
-use keel_core::event::Event;
-use keel_core::run::Run;
 use rusqlite::TransactionBehavior;
 
-use crate::{Lease, StoreError, TxError, Written, write_blobs, write_events};
+use crate::StoreError;
+use crate::write::{Prepared, Rows, apply};
 
 /// The write lock of one store file in this process, and the commits waiting for it.
 #[derive(Default)]
@@ -77,16 +75,12 @@ pub struct CommitStats {
     pub largest: u64,
 }
 
-/// One commit: what `Store::commit` was given, and the blobs and contracts waiting for it.
-pub(crate) struct Commit<'a> {
-    pub lease: &'a Lease,
-    pub events: &'a [Event],
-    pub run: &'a Run,
-    pub checkpoint: Option<&'a Checkpoint>,
-    pub lease_until_ms: i64,
-    pub blobs: &'a [(String, i64, Vec<u8>)],
-    pub contracts: &'a [ContractText],
-    pub extra: Extra,
+/// A commit left in the queue by a thread that found the lock taken: made ready before it was
+/// queued, so the leader only runs its statements.
+struct Queued {
+    prepared: Prepared,
+    /// Set by the thread that wrote it.
+    outcome: Option<Result<(), StoreError>>,
 }
 
 /// A contract's exact text, stored under its hash.
@@ -112,36 +106,6 @@ pub(crate) struct NewRun {
     pub lease_until_ms: i64,
 }
 
-/// A commit left in the queue by a thread that found the lock taken.
-pub(crate) struct Queued {
-    lease: Lease,
-    events: Vec<Event>,
-    run: Run,
-    checkpoint: Option<Checkpoint>,
-    lease_until_ms: i64,
-    blobs: Vec<(String, i64, Vec<u8>)>,
-    contracts: Vec<ContractText>,
-    extra: Extra,
-    written: Option<Written>,
-    /// Set, with the rows the write left, by the thread that wrote it.
-    outcome: Option<Result<Written, StoreError>>,
-}
-
-impl Queued {
-    fn commit(&self) -> Commit<'_> {
-        Commit {
-            lease: &self.lease,
-            events: &self.events,
-            run: &self.run,
-            checkpoint: self.checkpoint.as_ref(),
-            lease_until_ms: self.lease_until_ms,
-            blobs: &self.blobs,
-            contracts: &self.contracts,
-            extra: self.extra.clone(),
-        }
-    }
-}
-
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -163,29 +127,31 @@ impl Writers {
     }
 
     /// Writes `commit` on `conn`, with the commits other threads leave waiting meanwhile.
-    /// Returns the rows the write left (for the caller's cache), or why it failed.
+    /// Returns what the connection knows of the run's rows once it is stored (for its cache),
+    /// or why it was not.
     ///
     /// One thread at a time leads: it waits for the lock, takes every commit queued by then,
     /// writes them with its own in one transaction and wakes their threads. A thread that
-    /// comes while another leads queues a copy of its commit and waits to be woken: its commit
-    /// is written by that leader or the next, or, when no one leads any more, by itself.
+    /// comes while another leads queues its commit and waits to be woken: its commit is written
+    /// by that leader or the next, or, when no one leads any more, by itself.
     pub(crate) fn commit(
         &self,
         conn: &mut rusqlite::Connection,
         path: &std::path::Path,
-        commit: Commit<'_>,
-        written: Written,
+        commit: Prepared,
         grouped: bool,
         busy: std::time::Duration,
-    ) -> Result<Written, StoreError> {
+    ) -> Result<Rows, StoreError> {
         if !grouped {
             let _held = lock(&self.lock);
-            return write(self, conn, path, Some((commit, written)), &[])
-                .unwrap_or_else(|| Err(abandoned(path)));
+            let outcome = write(self, conn, path, Some(&commit), &[]);
+            return outcome
+                .unwrap_or_else(|| Err(abandoned(path)))
+                .map(|()| commit.rows);
         }
         let mut state = lock(&self.state);
         if !state.leading {
-            // Nobody leads: lead, with this commit as it is (no copy).
+            // Nobody leads: lead, with this commit.
             state.leading = true;
             state.leader_waiting = true;
             drop(state);
@@ -196,21 +162,14 @@ impl Writers {
                 state.leader_waiting = false;
                 std::mem::take(&mut state.queue)
             };
-            return self
-                .lead(conn, path, busy, Some((commit, written)), &waiting)
-                .unwrap_or_else(|| Err(abandoned(path)));
+            let outcome = self.lead(conn, path, busy, Some(&commit), &waiting);
+            return outcome
+                .unwrap_or_else(|| Err(abandoned(path)))
+                .map(|()| commit.rows);
         }
         let slot = Arc::new(Slot {
             queued: Mutex::new(Queued {
-                lease: commit.lease.clone(),
-                events: commit.events.to_vec(),
-                run: commit.run.clone(),
-                checkpoint: commit.checkpoint.cloned(),
-                lease_until_ms: commit.lease_until_ms,
-                blobs: commit.blobs.to_vec(),
-                contracts: commit.contracts.to_vec(),
-                extra: commit.extra.clone(),
-                written: Some(written),
+                prepared: commit,
                 outcome: None,
             }),
             done: AtomicBool::new(false),
@@ -235,8 +194,11 @@ impl Writers {
                 break;
             }
         }
-        let outcome = lock(&slot.queued).outcome.take();
-        outcome.unwrap_or_else(|| Err(abandoned(path)))
+        let mut queued = lock(&slot.queued);
+        let outcome = queued.outcome.take();
+        outcome
+            .unwrap_or_else(|| Err(abandoned(path)))
+            .map(|()| std::mem::take(&mut queued.prepared.rows))
     }
 
     /// [`write`] as the leader, with the write lock held: on the shared write connection, or on
@@ -247,9 +209,9 @@ impl Writers {
         own_conn: &mut rusqlite::Connection,
         path: &std::path::Path,
         busy: std::time::Duration,
-        own: Option<(Commit<'_>, Written)>,
+        own: Option<&Prepared>,
         queued: &[Arc<Slot>],
-    ) -> Option<Result<Written, StoreError>> {
+    ) -> Option<Result<(), StoreError>> {
         let mut shared = lock(&self.conn);
         if shared.is_none() {
             *shared = crate::connect(path).ok().map(|conn| Shared {
@@ -298,23 +260,16 @@ fn write(
     writers: &Writers,
     conn: &mut rusqlite::Connection,
     path: &std::path::Path,
-    own: Option<(Commit<'_>, Written)>,
+    own: Option<&Prepared>,
     queued: &[Arc<Slot>],
-) -> Option<Result<Written, StoreError>> {
+) -> Option<Result<(), StoreError>> {
     let mut guards: Vec<_> = queued.iter().map(|slot| lock(&slot.queued)).collect();
     let has_own = own.is_some();
-    let mut written = Vec::with_capacity(guards.len() + 1);
-    let mut commits = Vec::with_capacity(guards.len() + 1);
-    if let Some((commit, own_written)) = own {
-        commits.push(commit);
-        written.push(own_written);
-    }
-    for guard in &mut guards {
-        written.push(guard.written.take().unwrap_or(Written::Unknown));
-    }
-    commits.extend(guards.iter().map(|guard| guard.commit()));
+    let mut commits: Vec<&Prepared> = Vec::with_capacity(guards.len() + 1);
+    commits.extend(own);
+    commits.extend(guards.iter().map(|guard| &guard.prepared));
     let size = commits.len();
-    let outcomes = write_commits(conn, path, &commits, written);
+    let outcomes = write_commits(conn, path, &commits);
     if outcomes
         .as_ref()
         .is_ok_and(|outcomes| outcomes.iter().any(Result::is_ok))
@@ -353,67 +308,15 @@ fn write(
     own
 }
 
-/// One commit's statements, inside the transaction (and its savepoint, if it shares one).
-fn write_one(
-    tx: &rusqlite::Transaction<'_>,
-    commit: &Commit<'_>,
-    written: &mut Written,
-) -> Result<(), TxError> {
-    if !commit.contracts.is_empty() {
-        let mut insert = tx.prepare_cached(
-            "INSERT OR IGNORE INTO contracts (hash, file, source) VALUES (?1, ?2, ?3)",
-        )?;
-        for c in commit.contracts {
-            insert.execute(rusqlite::params![c.hash, c.file, c.source])?;
-        }
-    }
-    if let Some(new) = &commit.extra.create {
-        let created_at = commit.events.first().map_or(0, |e| e.at_ms);
-        tx.prepare_cached(
-            "INSERT INTO runs (id, contract_hash, state, reason, created_at, updated_at, \
-             last_seq, last_hash, lease_holder, lease_token, lease_until) \
-             VALUES (?1, ?2, 'planned', '', ?3, ?3, 0, ?4, ?5, ?6, ?7)",
-        )?
-        .execute(rusqlite::params![
-            commit.run.id,
-            commit.run.contract_hash,
-            created_at,
-            keel_core::event::GENESIS_HASH,
-            new.holder,
-            commit.lease.token,
-            new.lease_until_ms
-        ])?;
-    }
-    write_events(
-        tx,
-        commit.lease,
-        commit.events,
-        commit.run,
-        commit.checkpoint,
-        commit.lease_until_ms,
-        written,
-    )?;
-    write_blobs(tx, commit.blobs)?;
-    if commit.extra.release {
-        tx.prepare_cached(
-            "UPDATE runs SET lease_holder = NULL, lease_until = 0 \
-             WHERE id = ?1 AND lease_token = ?2",
-        )?
-        .execute(rusqlite::params![commit.lease.run_id, commit.lease.token])?;
-    }
-    Ok(())
-}
-
-/// Writes `commits` in one transaction, each in a savepoint with its `written` rows (a commit
-/// alone needs none): the outcome of each (the rows it left, or why it was refused, alone), or
-/// the transaction's own failure, which is all of theirs. A transaction in which every commit
-/// was refused is rolled back, not committed, as a commit alone that is refused always was.
+/// Writes `commits` in one transaction, each in a savepoint (a commit alone needs none): the
+/// outcome of each (or why it was refused, alone), or the transaction's own failure, which is
+/// all of theirs. A transaction in which every commit was refused is rolled back, not
+/// committed, as a commit alone that is refused always was.
 pub(crate) fn write_commits(
     conn: &mut rusqlite::Connection,
     path: &std::path::Path,
-    commits: &[Commit<'_>],
-    written: Vec<Written>,
-) -> Result<Vec<Result<Written, StoreError>>, rusqlite::Error> {
+    commits: &[&Prepared],
+) -> Result<Vec<Result<(), StoreError>>, rusqlite::Error> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let savepoints = commits.len() > 1;
     // Cached statements: each commit of a batch makes the same ones.
@@ -422,17 +325,16 @@ pub(crate) fn write_commits(
         Ok(())
     };
     let mut outcomes = Vec::with_capacity(commits.len());
-    for (commit, mut written) in commits.iter().zip(written) {
+    for commit in commits {
         if savepoints {
             run("SAVEPOINT keel_commit")?;
         }
-        let result = write_one(&tx, commit, &mut written);
-        match result {
+        match apply(&tx, commit) {
             Ok(()) => {
                 if savepoints {
                     run("RELEASE keel_commit")?;
                 }
-                outcomes.push(Ok(written));
+                outcomes.push(Ok(()));
             }
             Err(e) => {
                 if savepoints {

@@ -33,18 +33,23 @@ pub(crate) fn encode(bytes: &[u8]) -> (i64, Cow<'_, [u8]>) {
     (RAW, Cow::Borrowed(bytes))
 }
 
-/// One zstd frame of `bytes`, through this thread's compressor: a new one for each blob would
-/// allocate and clear its tables every time, which costs more than compressing a request.
 fn compress(bytes: &[u8]) -> Option<Vec<u8>> {
+    compress_at(bytes, LEVEL)
+}
+
+/// One zstd frame of `bytes` at `level`, through this thread's compressor: a new one for each
+/// blob would allocate and clear its tables every time, which costs more than compressing a
+/// request.
+pub(crate) fn compress_at(bytes: &[u8], level: i32) -> Option<Vec<u8>> {
     thread_local! {
-        static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
+        static COMPRESSOR: std::cell::RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
             const { std::cell::RefCell::new(None) };
     }
     COMPRESSOR.with_borrow_mut(|slot| {
-        if slot.is_none() {
-            *slot = zstd::bulk::Compressor::new(LEVEL).ok();
+        if slot.as_ref().is_none_or(|(at, _)| *at != level) {
+            *slot = zstd::bulk::Compressor::new(level).ok().map(|c| (level, c));
         }
-        slot.as_mut()?.compress(bytes).ok()
+        slot.as_mut()?.1.compress(bytes).ok()
     })
 }
 

@@ -12,15 +12,18 @@ mod artifacts;
 mod batch;
 mod blob;
 mod fault;
+pub mod log;
 mod schema;
 mod verify;
+mod write;
 
 use std::path::{Path, PathBuf};
 
 use keel_core::checkpoint::Checkpoint;
-use keel_core::event::{EVENT_VERSION, Envelope, Event, EventBody};
+use keel_core::event::{Envelope, Event, EventBody};
 use keel_core::run::Run;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use write::{Head, Rows, Written};
 
 pub use artifacts::Artifacts;
 pub use batch::CommitStats;
@@ -67,6 +70,10 @@ pub enum StoreError {
         expected: u64,
         actual: u64,
     },
+    #[error(
+        "run {run}: the log's last event {seq} is not the one this process last wrote; it stops writing (`keel resume {run}` goes on from what is stored)"
+    )]
+    HeadMoved { run: String, seq: u64 },
     #[error("run {run}, event {seq}: {message}")]
     Decode {
         run: String,
@@ -260,27 +267,6 @@ fn writer_lock(path: &Path) -> std::sync::Arc<batch::Writers> {
     writers
 }
 
-/// The queryable rows of a run's projection as last written: step (phase, index) to (state,
-/// attempts), and budget name to (used, limit).
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Rows {
-    steps: std::collections::HashMap<(usize, usize), (String, u32)>,
-    budgets: std::collections::HashMap<String, (u64, Option<u64>)>,
-}
-
-/// What a write knows of the rows already stored for the run.
-pub(crate) enum Written {
-    /// Write every row and the whole projection (a new run, a rebuilt projection).
-    Rewrite,
-    /// Read the stored rows first, then write those that differ.
-    Unknown,
-    /// The rows as this connection last wrote them.
-    Known(Rows),
-}
-
-/// Events a projection may trail its log by, beyond one per two steps it holds.
-const PROJECTION_TAIL: u64 = 64;
-
 /// Artifacts up to this size live in the store's `blobs` table, written in the transaction of
 /// the events that name them; larger ones are files under `artifacts/`.
 pub const INLINE_ARTIFACT_BYTES: usize = 256 * 1024;
@@ -326,31 +312,102 @@ impl Store {
         Ok(hash)
     }
 
-    /// An artifact's bytes (at most `limit`), wherever it is kept.
-    pub fn read_artifact(&self, hash: &str, limit: usize) -> Result<Vec<u8>, StoreError> {
-        let cut = |mut b: Vec<u8>| {
-            b.truncate(limit);
-            b
-        };
-        let pending = self.pending_blobs.borrow();
-        if let Some((_, codec, b)) = pending.iter().find(|(h, _, _)| h == hash) {
-            return Ok(cut(blob::decode(hash, *codec, b.clone())?));
+    /// Stores a command's output file: one of up to [`INLINE_ARTIFACT_BYTES`] as a small
+    /// artifact (stored with the next commit's events, see [`Store::put_artifact`]), a larger
+    /// one as a file of its own.
+    pub fn put_output_file(&self, path: &Path) -> Result<String, StoreError> {
+        let size = std::fs::metadata(path)
+            .map_err(|e| StoreError::io(path, e))?
+            .len();
+        if size > INLINE_ARTIFACT_BYTES as u64 {
+            return self.artifacts.put_file(path);
         }
-        drop(pending);
+        let bytes = std::fs::read(path).map_err(|e| StoreError::io(path, e))?;
+        self.put_artifact(&bytes)
+    }
+
+    /// An artifact's bytes (at most `limit`), wherever it is kept. One stored with a run's
+    /// events is searched for in every run's rows: with the run at hand,
+    /// [`Store::read_run_artifact`] looks at its rows alone.
+    pub fn read_artifact(&self, hash: &str, limit: usize) -> Result<Vec<u8>, StoreError> {
+        if let Some(bytes) = self.pending_blob(hash)? {
+            return Ok(cut_to(bytes, limit));
+        }
+        if let Some(bytes) = self.inline_blob(None, hash)? {
+            return Ok(cut_to(bytes, limit));
+        }
         match self.blob(hash)? {
-            Some(b) => Ok(cut(b)),
+            Some(b) => Ok(cut_to(b, limit)),
             None => self.artifacts.read(hash, limit),
         }
     }
 
-    /// Whether the artifact exists (in the store or as a file) and still has the content its
-    /// name says.
+    /// Whether the artifact exists (stored with a run's events, in schema 5's table or as a
+    /// file) and still has the content its name says.
     pub fn verify_artifact(&self, hash: &str) -> Result<bool, StoreError> {
+        match self.inline_blob(None, hash) {
+            Ok(Some(b)) => return Ok(blake3::hash(&b).to_hex().as_str() == hash),
+            Ok(None) => {}
+            Err(StoreError::DamagedBlob { .. }) => return Ok(false),
+            Err(e) => return Err(e),
+        }
         match self.blob(hash) {
             Ok(Some(b)) => Ok(blake3::hash(&b).to_hex().as_str() == hash),
             Ok(None) => self.artifacts.verify(hash),
             Err(StoreError::DamagedBlob { .. }) => Ok(false),
             Err(e) => Err(e),
+        }
+    }
+
+    /// A small artifact this connection is waiting to store.
+    fn pending_blob(&self, hash: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let pending = self.pending_blobs.borrow();
+        pending
+            .iter()
+            .find(|(h, _, _)| h == hash)
+            .map(|(_, codec, b)| blob::decode(hash, *codec, b.clone()))
+            .transpose()
+    }
+
+    /// A small artifact stored with the events of run `id` (newest rows first), or of any run.
+    fn inline_blob(&self, id: Option<&str>, hash: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let sql = match id {
+            Some(_) => {
+                "SELECT id, blob_hashes FROM log WHERE run_id = ?1 AND blob_hashes IS NOT NULL \
+                 ORDER BY last_seq DESC"
+            }
+            None => "SELECT id, blob_hashes FROM log WHERE ?1 IS NULL AND blob_hashes IS NOT NULL",
+        };
+        let mut stmt = self.conn.prepare_cached(sql).map_err(|e| self.sql(e))?;
+        let mut rows = stmt.query([id]).map_err(|e| self.sql(e))?;
+        let mut found = None;
+        while let Some(r) = rows.next().map_err(|e| self.sql(e))? {
+            let names = r
+                .get_ref(1)
+                .and_then(|v| Ok(v.as_bytes()?))
+                .map_err(|e| self.sql(e))?;
+            if log::names_blob(names, hash) {
+                found = Some(r.get::<_, i64>(0).map_err(|e| self.sql(e))?);
+                break;
+            }
+        }
+        drop(rows);
+        let Some(row) = found else {
+            return Ok(None);
+        };
+        let stored: Option<Vec<u8>> = self
+            .conn
+            .query_row("SELECT blobs FROM log WHERE id = ?1", [row], |r| r.get(0))
+            .map_err(|e| self.sql(e))?;
+        let damaged = |reason: String| StoreError::DamagedBlob {
+            hash: hash.to_string(),
+            reason,
+        };
+        let blobs = log::decode_blobs(&stored.unwrap_or_default())
+            .map_err(|e| damaged(format!("the artifacts stored with it do not decode: {e}")))?;
+        match blobs.into_iter().find(|(h, _, _)| h == hash) {
+            Some((_, codec, bytes)) => Ok(Some(blob::decode(hash, codec, bytes)?)),
+            None => Err(damaged("its row names it but does not hold it".to_string())),
         }
     }
 
@@ -620,48 +677,67 @@ impl Store {
         lease_until_ms: i64,
         extra: batch::Extra,
     ) -> Result<(), StoreError> {
-        let rows = match self.rows.borrow_mut().remove(&lease.run_id) {
-            Some(rows) => Written::Known(rows),
-            None if extra.create.is_some() => Written::Rewrite,
-            None => Written::Unknown,
+        let written = match self.rows.borrow_mut().remove(&lease.run_id) {
+            Some(rows) if rows.token == lease.token => Written::Known(rows),
+            _ if extra.create.is_some() => Written::Rewrite(Head::default()),
+            _ => Written::Unknown,
         };
         let creates = extra.create.is_some();
-        let blobs = std::mem::take(&mut *self.pending_blobs.borrow_mut());
+        // Artifacts go into the row of a commit with events (one that names them).
+        let blobs = if events.is_empty() {
+            Vec::new()
+        } else {
+            std::mem::take(&mut *self.pending_blobs.borrow_mut())
+        };
         let contracts = std::mem::take(&mut *self.pending_contracts.borrow_mut());
+        let keep_waiting = |store: &Store| {
+            // The blobs and contracts stay waiting for the next commit, as the events that
+            // name them do.
+            store
+                .pending_blobs
+                .borrow_mut()
+                .extend(blobs.iter().cloned());
+            store
+                .pending_contracts
+                .borrow_mut()
+                .extend(contracts.iter().cloned());
+        };
+        let commit = write::Commit {
+            lease,
+            events,
+            run,
+            checkpoint,
+            lease_until_ms,
+            blobs: &blobs,
+            contracts: &contracts,
+            extra,
+        };
+        // Made ready (encoded, hashed, compressed) before the write lock is taken.
+        let prepared = match write::prepare(&self.conn, &commit, written) {
+            Ok(p) => p,
+            Err(e) => {
+                keep_waiting(self);
+                return Err(e.into_store(&self.path));
+            }
+        };
         let writer = std::sync::Arc::clone(&self.writer);
-        let written = writer.commit(
+        match writer.commit(
             &mut self.conn,
             &self.path,
-            batch::Commit {
-                lease,
-                events,
-                run,
-                checkpoint,
-                lease_until_ms,
-                blobs: &blobs,
-                contracts: &contracts,
-                extra,
-            },
-            rows,
+            prepared,
             self.grouped,
             self.busy,
-        );
-        match written {
+        ) {
             Ok(rows) => {
                 if !events.is_empty() && !creates {
                     self.commits.set(self.commits.get() + 1);
                 }
                 // Only a committed write is remembered: after a failure the rows are read again.
-                if let Written::Known(rows) = rows {
-                    self.rows.borrow_mut().insert(lease.run_id.clone(), rows);
-                }
+                self.rows.borrow_mut().insert(lease.run_id.clone(), rows);
                 Ok(())
             }
             Err(e) => {
-                // The blobs and contracts stay waiting for the next commit, as the events that
-                // name them do.
-                self.pending_blobs.borrow_mut().extend(blobs);
-                self.pending_contracts.borrow_mut().extend(contracts);
+                keep_waiting(self);
                 Err(e)
             }
         }
@@ -714,62 +790,73 @@ impl Store {
         lease_until_ms: i64,
     ) -> Result<(), StoreError> {
         let path = self.path.clone();
-        let sql = |source| StoreError::Sqlite {
-            path: path.clone(),
-            source,
-        };
         let writer = std::sync::Arc::clone(&self.writer);
         let _queued = writer
             .lock
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sql)?;
-        let id = &lease.run_id;
-        tx.execute(
-            "DELETE FROM events WHERE run_id = ?1 AND seq >= ?2",
-            params![id, from_seq],
-        )
-        .map_err(sql)?;
-        tx.execute(
-            "DELETE FROM checkpoints WHERE run_id = ?1 AND seq >= ?2 - 1",
-            params![id, from_seq],
-        )
-        .map_err(sql)?;
-        tx.execute(
-            "DELETE FROM evidence WHERE run_id = ?1 AND n > ?2",
-            params![id, run.evidence_count],
-        )
-        .map_err(sql)?;
-        let (last_seq, last_hash): (u64, String) = tx
-            .query_row(
-                "SELECT seq, hash FROM events WHERE run_id = ?1 ORDER BY seq DESC LIMIT 1",
-                [id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .map_err(sql)?;
-        tx.execute(
-            "UPDATE runs SET last_seq = ?2, last_hash = ?3 WHERE id = ?1",
-            params![id, last_seq, last_hash],
-        )
-        .map_err(sql)?;
-        self.rows.borrow_mut().remove(&lease.run_id);
-        write_events(
-            &tx,
-            lease,
-            events,
-            run,
-            None,
-            lease_until_ms,
-            &mut Written::Rewrite,
-        )
-        .map_err(|e| e.into_store(&path))?;
-        write_blobs(&tx, &self.pending_blobs.borrow()).map_err(sql)?;
-        finish(tx).map_err(sql)?;
-        self.pending_blobs.borrow_mut().clear();
-        Ok(())
+        let blobs = std::mem::take(&mut *self.pending_blobs.borrow_mut());
+        let written = (|| -> Result<(), TxError> {
+            let tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let id = &lease.run_id;
+            // Rows wholly after the cut go; a row the cut falls in keeps the events before it.
+            let mut rows: Vec<(i64, u64, i64, Vec<u8>)> = Vec::new();
+            {
+                let mut stmt = tx.prepare(
+                    "SELECT id, first_seq, codec, events FROM log WHERE run_id = ?1 \
+                     AND last_seq >= ?2",
+                )?;
+                let found = stmt.query_map(params![id, from_seq], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                })?;
+                for row in found {
+                    rows.push(row?);
+                }
+            }
+            for (row, first, codec, bytes) in rows {
+                if first >= from_seq {
+                    tx.execute("DELETE FROM log WHERE id = ?1", [row])?;
+                    continue;
+                }
+                let kept: Vec<StoredEvent> = log::decode_events(id, codec, &bytes)
+                    .map_err(|message| {
+                        TxError::Store(StoreError::Decode {
+                            run: id.clone(),
+                            seq: first,
+                            message: format!(
+                                "the events the cut falls among do not decode: {message}"
+                            ),
+                        })
+                    })?
+                    .into_iter()
+                    .filter(|e| e.seq < from_seq)
+                    .collect();
+                let last = kept.last().map_or(first, |e| e.seq);
+                let (codec, bytes) = log::pack(log::encode_events(&kept));
+                tx.execute(
+                    "UPDATE log SET last_seq = ?2, codec = ?3, events = ?4 WHERE id = ?1",
+                    params![row, last, codec, bytes],
+                )?;
+            }
+            tx.execute(
+                "DELETE FROM checkpoints WHERE run_id = ?1 AND seq >= ?2 - 1",
+                params![id, from_seq],
+            )?;
+            tx.execute(
+                "DELETE FROM evidence WHERE run_id = ?1 AND n > ?2",
+                params![id, run.evidence_count],
+            )?;
+            self.rows.borrow_mut().remove(&lease.run_id);
+            rebuild(&tx, lease, events, run, lease_until_ms, &blobs)?;
+            finish(tx)?;
+            Ok(())
+        })();
+        if written.is_err() {
+            self.pending_blobs.borrow_mut().extend(blobs);
+        }
+        written.map_err(|e| e.into_store(&path))
     }
 
     /// Resolves a run id or a unique prefix of one.
@@ -888,18 +975,29 @@ impl Store {
 
     /// One event, if it exists.
     pub fn event(&self, id: &str, seq: u64) -> Result<Option<StoredEvent>, StoreError> {
-        self.conn
-            .query_row(
-                "SELECT seq, at, v, kind, body, prev_hash, hash FROM events \
-                 WHERE run_id = ?1 AND seq = ?2",
-                params![id, seq],
-                |r| stored_event(id, r),
+        let row: Option<(u64, u64, i64, Vec<u8>)> = self
+            .conn
+            .prepare_cached(
+                "SELECT first_seq, last_seq, codec, events FROM log \
+                 WHERE run_id = ?1 AND last_seq >= ?2 ORDER BY last_seq LIMIT 1",
             )
-            .optional()
-            .map_err(|e| self.sql(e))
+            .and_then(|mut q| {
+                q.query_row(params![id, seq], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                })
+                .optional()
+            })
+            .map_err(|e| self.sql(e))?;
+        Ok(row.and_then(|(first, last, codec, bytes)| {
+            row_events(id, first, last, seq, codec, &bytes)
+                .into_iter()
+                .find(|e| e.seq == seq)
+        }))
     }
 
-    /// Streams events with `seq >= from_seq` in order, without holding them all in memory.
+    /// Streams events with `seq >= from_seq` in order, without holding them all in memory. A
+    /// row whose events do not decode reads as one event that cannot be right (see
+    /// [`row_events`]).
     pub fn for_each_event(
         &self,
         id: &str,
@@ -908,17 +1006,102 @@ impl Store {
     ) -> Result<(), StoreError> {
         let mut stmt = self
             .conn
-            .prepare(
-                "SELECT seq, at, v, kind, body, prev_hash, hash FROM events \
-                 WHERE run_id = ?1 AND seq >= ?2 ORDER BY seq",
+            .prepare_cached(
+                "SELECT first_seq, last_seq, codec, events FROM log \
+                 WHERE run_id = ?1 AND last_seq >= ?2 ORDER BY last_seq",
             )
             .map_err(|e| self.sql(e))?;
         let mut rows = stmt.query(params![id, from_seq]).map_err(|e| self.sql(e))?;
         while let Some(r) = rows.next().map_err(|e| self.sql(e))? {
-            let event = stored_event(id, r).map_err(|e| self.sql(e))?;
-            f(event)?;
+            let (first, last, codec): (u64, u64, i64) = (
+                r.get(0).map_err(|e| self.sql(e))?,
+                r.get(1).map_err(|e| self.sql(e))?,
+                r.get(2).map_err(|e| self.sql(e))?,
+            );
+            let bytes = r
+                .get_ref(3)
+                .and_then(|v| Ok(v.as_bytes()?))
+                .map_err(|e| self.sql(e))?;
+            for event in row_events(id, first, last, from_seq, codec, bytes) {
+                f(event)?;
+            }
         }
         Ok(())
+    }
+
+    /// A small artifact of run `id` by its hash (at most `limit` bytes): one it is waiting to
+    /// store, one stored with the run's events (its newest commits are looked at first), one
+    /// stored before schema 6, or a file.
+    pub fn read_run_artifact(
+        &self,
+        id: &str,
+        hash: &str,
+        limit: usize,
+    ) -> Result<Vec<u8>, StoreError> {
+        if let Some(bytes) = self.pending_blob(hash)? {
+            return Ok(cut_to(bytes, limit));
+        }
+        if let Some(bytes) = self.inline_blob(Some(id), hash)? {
+            return Ok(cut_to(bytes, limit));
+        }
+        match self.blob(hash)? {
+            Some(b) => Ok(cut_to(b, limit)),
+            None => self.artifacts.read(hash, limit),
+        }
+    }
+
+    /// Which of `hashes`, artifacts of run `id`, are missing or no longer match their hash: the
+    /// ones stored with its events are checked in one pass over its rows, the others where they
+    /// are kept (schema 5's table, files).
+    pub fn unsound_run_artifacts(
+        &self,
+        id: &str,
+        hashes: &std::collections::BTreeSet<String>,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut unchecked = hashes.clone();
+        let mut bad = Vec::new();
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT blob_hashes, blobs FROM log WHERE run_id = ?1 AND blob_hashes IS NOT NULL",
+            )
+            .map_err(|e| self.sql(e))?;
+        let mut rows = stmt.query([id]).map_err(|e| self.sql(e))?;
+        while let Some(r) = rows.next().map_err(|e| self.sql(e))? {
+            let names: Vec<u8> = r.get(0).map_err(|e| self.sql(e))?;
+            if !unchecked.iter().any(|h| log::names_blob(&names, h)) {
+                continue;
+            }
+            let stored: Vec<u8> = r
+                .get::<_, Option<Vec<u8>>>(1)
+                .map_err(|e| self.sql(e))?
+                .unwrap_or_default();
+            let Ok(blobs) = log::decode_blobs(&stored) else {
+                // Their bytes are unreadable: each one named here is unsound.
+                for h in unchecked.clone() {
+                    if log::names_blob(&names, &h) {
+                        unchecked.remove(&h);
+                        bad.push(h);
+                    }
+                }
+                continue;
+            };
+            for (hash, codec, bytes) in blobs {
+                if unchecked.remove(&hash) {
+                    let sound = blob::decode(&hash, codec, bytes)
+                        .is_ok_and(|b| blake3::hash(&b).to_hex().as_str() == hash);
+                    if !sound {
+                        bad.push(hash);
+                    }
+                }
+            }
+        }
+        for hash in unchecked {
+            if !self.verify_artifact(&hash)? {
+                bad.push(hash);
+            }
+        }
+        Ok(bad)
     }
 
     /// Every checkpoint row of a run, oldest first.
@@ -953,50 +1136,22 @@ impl Store {
     /// disagree with the log. The log's end becomes the projection's end.
     pub fn replace_projection(&mut self, lease: &Lease, run: &Run) -> Result<(), StoreError> {
         let path = self.path.clone();
-        let sql = |source| StoreError::Sqlite {
-            path: path.clone(),
-            source,
-        };
         let writer = std::sync::Arc::clone(&self.writer);
         let _queued = writer
             .lock
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sql)?;
-        let (last_seq, last_hash): (u64, String) = tx
-            .query_row(
-                "SELECT seq, hash FROM events WHERE run_id = ?1 ORDER BY seq DESC LIMIT 1",
-                [&lease.run_id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .map_err(sql)?;
-        tx.execute(
-            "UPDATE runs SET last_seq = ?2, last_hash = ?3 WHERE id = ?1",
-            params![lease.run_id, last_seq, last_hash],
-        )
-        .map_err(sql)?;
-        self.rows.borrow_mut().remove(&lease.run_id);
-        write_events(&tx, lease, &[], run, None, 0, &mut Written::Rewrite)
-            .map_err(|e| e.into_store(&path))?;
-        finish(tx).map_err(sql)
+        let written = (|| -> Result<(), TxError> {
+            let tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            self.rows.borrow_mut().remove(&lease.run_id);
+            rebuild(&tx, lease, &[], run, 0, &[])?;
+            finish(tx)?;
+            Ok(())
+        })();
+        written.map_err(|e| e.into_store(&path))
     }
-}
-
-/// An event row (`seq, at, v, kind, body, prev_hash, hash`) of run `id`.
-fn stored_event(id: &str, r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredEvent> {
-    Ok(StoredEvent {
-        run_id: id.to_string(),
-        seq: r.get(0)?,
-        at_ms: r.get(1)?,
-        version: r.get(2)?,
-        kind: text(r, 3)?,
-        body: text(r, 4)?,
-        prev_hash: text(r, 5)?,
-        hash: text(r, 6)?,
-    })
 }
 
 /// A checkpoint row (`n, seq, at, hash, snapshot_ref, commit_id, body`).
@@ -1016,59 +1171,12 @@ fn checkpoint_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CheckpointRow> {
 /// replaced (U+FFFD), so that the hash chain, which covers the exact text, reports the event as
 /// altered (and a contract's hash, or a projection's decoding, its damage) instead of every read
 /// of the run failing with a conversion error.
-fn text(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<String> {
+pub(crate) fn text(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<String> {
     let value = r.get_ref(i)?;
     value
         .as_bytes()
         .map(|b| String::from_utf8_lossy(b).into_owned())
         .map_err(|e| rusqlite::Error::FromSqlConversionFailure(i, value.data_type(), Box::new(e)))
-}
-
-/// Commits a transaction that appends events or rewrites a projection. This is where
-/// `KEEL_STORE_FAULT` makes a commit fail, or succeed and report a failure (see `fault.rs`).
-/// The `steps` and `budgets` rows stored for a run.
-/// The stored rows of the steps `run` holds (not those of settled steps its projection let go,
-/// which no commit changes), and of its budgets.
-fn stored_rows(
-    tx: &rusqlite::Transaction<'_>,
-    id: &str,
-    run: &Run,
-) -> Result<Rows, rusqlite::Error> {
-    let mut rows = Rows::default();
-    let mut steps = tx.prepare_cached(
-        "SELECT phase, idx, state, attempts FROM steps WHERE run_id = ?1 AND phase = ?2 \
-         AND idx >= ?3",
-    )?;
-    for (p, phase) in run.phases.iter().enumerate() {
-        for row in steps.query_map(params![id, p, phase.earlier], |r| {
-            Ok(((r.get(0)?, r.get(1)?), (r.get(2)?, r.get(3)?)))
-        })? {
-            let (key, value) = row?;
-            rows.steps.insert(key, value);
-        }
-    }
-    let mut budgets = tx.prepare_cached("SELECT name, used, lim FROM budgets WHERE run_id = ?1")?;
-    for row in budgets.query_map([id], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?))))? {
-        let (name, value) = row?;
-        rows.budgets.insert(name, value);
-    }
-    Ok(rows)
-}
-
-/// Writes the artifacts waiting for a commit into its transaction.
-fn write_blobs(
-    tx: &rusqlite::Transaction<'_>,
-    pending: &[(String, i64, Vec<u8>)],
-) -> Result<(), rusqlite::Error> {
-    if pending.is_empty() {
-        return Ok(());
-    }
-    let mut insert =
-        tx.prepare_cached("INSERT OR IGNORE INTO blobs (hash, codec, bytes) VALUES (?1, ?2, ?3)")?;
-    for (hash, codec, bytes) in pending {
-        insert.execute(params![hash, codec, bytes])?;
-    }
-    Ok(())
 }
 
 fn finish(tx: rusqlite::Transaction<'_>) -> Result<(), rusqlite::Error> {
@@ -1085,8 +1193,107 @@ fn finish(tx: rusqlite::Transaction<'_>) -> Result<(), rusqlite::Error> {
     }
 }
 
+/// `bytes` cut to at most `limit`.
+fn cut_to(mut bytes: Vec<u8>, limit: usize) -> Vec<u8> {
+    bytes.truncate(limit);
+    bytes
+}
+
+/// The kind of the event a row whose events do not decode reads as.
+pub const UNREADABLE: &str = "";
+
+/// The events of one `log` row of run `id` (holding `first`..=`last`) from `from` on. A row whose
+/// events do not decode reads as one event at `first` (or `from`, if later) of kind
+/// [`UNREADABLE`], version 0, whose body says why and which events it held, and whose hashes are
+/// empty: it cannot pass the chain check, so a reader that checks finds the damage where it is,
+/// and one that folds stops there.
+fn row_events(
+    id: &str,
+    first: u64,
+    last: u64,
+    from: u64,
+    codec: i64,
+    bytes: &[u8],
+) -> Vec<StoredEvent> {
+    match log::decode_events(id, codec, bytes) {
+        Ok(mut events) => {
+            events.retain(|e| e.seq >= from);
+            events
+        }
+        Err(message) => vec![StoredEvent {
+            run_id: id.to_string(),
+            seq: first.max(from),
+            at_ms: 0,
+            version: 0,
+            kind: UNREADABLE.to_string(),
+            body: format!(
+                "event {} and the events stored with it up to event {last} do not decode: {message}",
+                first.max(from)
+            ),
+            prev_hash: String::new(),
+            hash: String::new(),
+        }],
+    }
+}
+
+/// Appends `events` onto the log's end as its rows say, and rewrites the whole projection from
+/// `run` (after a cut, or to rebuild it), in the transaction `tx`.
+fn rebuild(
+    tx: &Connection,
+    lease: &Lease,
+    events: &[Event],
+    run: &Run,
+    lease_until_ms: i64,
+    blobs: &[log::InlineBlob],
+) -> Result<(), TxError> {
+    let head = new_head(tx, &lease.run_id)?;
+    let commit = write::Commit {
+        lease,
+        events,
+        run,
+        checkpoint: None,
+        lease_until_ms,
+        blobs,
+        contracts: &[],
+        extra: batch::Extra::default(),
+    };
+    let prepared = write::prepare(tx, &commit, Written::Rewrite(head))?;
+    write::apply(tx, &prepared)
+}
+
+/// Where run `id`'s log ends as its rows say (after a cut, or to rebuild its projection), with
+/// the state and projection stored for it.
+fn new_head(conn: &Connection, id: &str) -> Result<Head, TxError> {
+    let (first, codec, bytes): (u64, i64, Vec<u8>) = conn.query_row(
+        "SELECT first_seq, codec, events FROM log WHERE run_id = ?1 ORDER BY last_seq DESC LIMIT 1",
+        [id],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )?;
+    let last = log::decode_events(id, codec, &bytes)
+        .map_err(|message| {
+            TxError::Store(StoreError::Decode {
+                run: id.to_string(),
+                seq: first,
+                message: format!("the log's last events do not decode: {message}"),
+            })
+        })?
+        .pop()
+        .ok_or_else(|| {
+            TxError::Store(StoreError::Decode {
+                run: id.to_string(),
+                seq: first,
+                message: "the log's last row holds no event".into(),
+            })
+        })?;
+    conn.execute(
+        "UPDATE runs SET last_seq = ?2, last_hash = ?3 WHERE id = ?1",
+        params![id, last.seq, last.hash],
+    )?;
+    Ok(write::head(conn, id)?)
+}
+
 /// Errors inside a transaction, turned into [`StoreError`] with the store's path afterwards.
-enum TxError {
+pub(crate) enum TxError {
     Sql(rusqlite::Error),
     Store(StoreError),
 }
@@ -1098,7 +1305,7 @@ impl From<rusqlite::Error> for TxError {
 }
 
 impl TxError {
-    fn into_store(self, path: &Path) -> StoreError {
+    pub(crate) fn into_store(self, path: &Path) -> StoreError {
         match self {
             TxError::Sql(source) => StoreError::Sqlite {
                 path: path.to_path_buf(),
@@ -1107,194 +1314,4 @@ impl TxError {
             TxError::Store(e) => e,
         }
     }
-}
-
-fn write_events(
-    tx: &rusqlite::Transaction<'_>,
-    lease: &Lease,
-    events: &[Event],
-    run: &Run,
-    checkpoint: Option<&Checkpoint>,
-    lease_until_ms: i64,
-    written: &mut Written,
-) -> Result<(), TxError> {
-    let id = &lease.run_id;
-    let (token, mut last_seq, mut last_hash, stored_state): (u64, u64, String, String) = tx
-        .prepare_cached("SELECT lease_token, last_seq, last_hash, state FROM runs WHERE id = ?1")?
-        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
-    // Two plain lookups: a join of the two tables was prepared again on every commit.
-    let projection_seq: u64 = tx
-        .prepare_cached("SELECT seq FROM projections WHERE run_id = ?1")?
-        .query_row([id], |r| r.get(0))
-        .optional()?
-        .unwrap_or(0);
-    if token != lease.token {
-        return Err(TxError::Store(StoreError::LeaseLost {
-            run: id.clone(),
-            ours: lease.token,
-            actual: token,
-        }));
-    }
-    {
-        let mut insert = tx.prepare_cached(
-            "INSERT INTO events (run_id, seq, at, v, kind, body, prev_hash, hash) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        )?;
-        for event in events {
-            if event.seq != last_seq + 1 {
-                return Err(TxError::Store(StoreError::Conflict {
-                    run: id.clone(),
-                    expected: event.seq,
-                    actual: last_seq,
-                }));
-            }
-            let body = event.body.encode();
-            let hash = Envelope {
-                prev_hash: &last_hash,
-                run_id: id,
-                seq: event.seq,
-                at_ms: event.at_ms,
-                version: EVENT_VERSION,
-                kind: event.body.kind(),
-                body: &body,
-            }
-            .hash();
-            insert.execute(params![
-                id,
-                event.seq,
-                event.at_ms,
-                EVENT_VERSION,
-                event.body.kind(),
-                body,
-                last_hash,
-                hash
-            ])?;
-            if let EventBody::EvidenceRecorded { evidence } = &event.body {
-                tx.execute(
-                    "INSERT OR REPLACE INTO evidence (run_id, n, seq, verifier, tier, passed, status, \
-                     output, tree, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-                    params![
-                        id,
-                        evidence.n,
-                        event.seq,
-                        evidence.verifier,
-                        evidence.tier.to_string(),
-                        evidence.passed,
-                        evidence.status,
-                        evidence.output,
-                        evidence.tree,
-                        serde_json::to_string(evidence).unwrap_or_default()
-                    ],
-                )?;
-            }
-            if let (
-                EventBody::CheckpointTaken {
-                    n,
-                    hash: ck_hash,
-                    snapshot_ref,
-                    commit,
-                },
-                Some(ck),
-            ) = (&event.body, checkpoint)
-            {
-                let (json, computed) = ck.encode();
-                if computed != *ck_hash || ck.n != *n {
-                    return Err(TxError::Store(StoreError::Decode {
-                        run: id.clone(),
-                        seq: event.seq,
-                        message: "checkpoint body does not match its checkpoint_taken event".into(),
-                    }));
-                }
-                tx.execute(
-                    "INSERT OR REPLACE INTO checkpoints (run_id, n, seq, at, hash, snapshot_ref, \
-                     commit_id, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                    params![id, n, ck.seq, ck.at_ms, ck_hash, snapshot_ref, commit, json],
-                )?;
-            }
-            last_seq = event.seq;
-            last_hash = hash;
-        }
-    }
-    if run.seq != last_seq {
-        return Err(TxError::Store(StoreError::Conflict {
-            run: id.clone(),
-            expected: run.seq,
-            actual: last_seq,
-        }));
-    }
-    let phase = run.phases.get(run.cursor as usize).map(|p| p.name.clone());
-    let until: Option<i64> = (lease_until_ms > 0).then_some(lease_until_ms);
-    // The whole projection is rewritten when asked, with a checkpoint, when the state changes,
-    // and once the events after it are more than a bound that grows with the steps it holds (so
-    // a read folds a tail worth about as much as the projection, and a commit does not rewrite
-    // the projection every time); otherwise `Store::run` folds the events after
-    // `projection_seq`. The projection holds a bounded number of an agent phase's steps, so the
-    // bound is bounded too.
-    let steps: usize = run.phases.iter().map(|p| p.steps.len()).sum();
-    let full = matches!(written, Written::Rewrite)
-        || checkpoint.is_some()
-        || stored_state != run.state.as_str()
-        || last_seq.saturating_sub(projection_seq) >= PROJECTION_TAIL + steps as u64 / 2;
-    let projection = full.then(|| serde_json::to_string(run).unwrap_or_default());
-    tx.prepare_cached(
-        "UPDATE runs SET state = ?2, reason = ?3, phase = ?4, updated_at = ?5, last_seq = ?6, \
-         last_hash = ?7, lease_until = COALESCE(?8, lease_until) WHERE id = ?1",
-    )?
-    .execute(params![
-        id,
-        run.state.as_str(),
-        run.reason,
-        phase,
-        run.updated_at_ms,
-        last_seq,
-        last_hash,
-        until
-    ])?;
-    if let Some(projection) = projection {
-        tx.prepare_cached(
-            "INSERT OR REPLACE INTO projections (run_id, seq, body) VALUES (?1, ?2, ?3)",
-        )?
-        .execute(params![id, last_seq, projection])?;
-    }
-    {
-        let mut step = tx.prepare_cached(
-            "INSERT OR REPLACE INTO steps (run_id, phase, idx, command, state, attempts) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        )?;
-        let mut rows = match std::mem::replace(written, Written::Rewrite) {
-            Written::Known(rows) => rows,
-            Written::Unknown => stored_rows(tx, id, run)?,
-            Written::Rewrite => Rows::default(),
-        };
-        for (p, phase) in run.phases.iter().enumerate() {
-            for (i, s) in phase.held_steps() {
-                let i = i as usize;
-                let now = (s.state.as_str(), s.attempts);
-                if rows.steps.get(&(p, i)).map(|(st, a)| (st.as_str(), *a)) != Some(now) {
-                    step.execute(params![id, p, i, s.command, now.0, now.1])?;
-                    rows.steps.insert((p, i), (now.0.to_string(), now.1));
-                }
-            }
-        }
-        // The rows of steps the projection let go are final: they are not remembered.
-        if run.phases.iter().any(|p| p.earlier > 0) {
-            rows.steps.retain(|(p, i), _| {
-                run.phases
-                    .get(*p)
-                    .is_some_and(|phase| *i >= phase.earlier as usize)
-            });
-        }
-        let mut budget = tx.prepare_cached(
-            "INSERT OR REPLACE INTO budgets (run_id, name, used, lim) VALUES (?1, ?2, ?3, ?4)",
-        )?;
-        for name in keel_core::budget::BudgetName::ALL {
-            let now = (run.used(name), run.limits.get(name));
-            if rows.budgets.get(name.as_str()) != Some(&now) {
-                budget.execute(params![id, name.as_str(), now.0, now.1])?;
-                rows.budgets.insert(name.as_str().to_string(), now);
-            }
-        }
-        *written = Written::Known(rows);
-    }
-    Ok(())
 }

@@ -102,7 +102,74 @@ const MIGRATIONS: &[&str] = &[
     // 5: a small artifact may be stored compressed (0 = as it is, 1 = one zstd frame); the
     // blobs already stored keep their bytes as they are.
     "ALTER TABLE blobs ADD COLUMN codec INTEGER NOT NULL DEFAULT 0;",
+    // 6: a row per commit of a run (its events and the small artifacts it stored, see `log`)
+    // instead of a row per event and per artifact; `move_events_into_log` moves the events,
+    // and the `blobs` already stored stay where they are.
+    "CREATE TABLE log (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        first_seq INTEGER NOT NULL,
+        last_seq INTEGER NOT NULL,
+        codec INTEGER NOT NULL,
+        blob_hashes BLOB,
+        events BLOB NOT NULL,
+        blobs BLOB
+    );
+    CREATE UNIQUE INDEX log_run ON log (run_id, last_seq);",
 ];
+
+/// Events an old log's rows are grouped by when schema 6 moves them.
+const MOVED_PER_ROW: usize = 64;
+
+/// Schema 6's move: each run's events, in order, into rows of up to [`MOVED_PER_ROW`], every
+/// field as it was stored (a damaged event stays as damaged as it was), then the old table
+/// goes.
+fn move_events_into_log(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+    let mut rows = Vec::new();
+    {
+        let mut stmt = tx.prepare(
+            "SELECT run_id, seq, at, v, kind, body, prev_hash, hash FROM events \
+             ORDER BY run_id, seq",
+        )?;
+        let mut query = stmt.query([])?;
+        let mut run: Option<String> = None;
+        let mut batch: Vec<crate::StoredEvent> = Vec::new();
+        while let Some(r) = query.next()? {
+            let run_id = crate::text(r, 0)?;
+            if run.as_deref() != Some(&run_id) || batch.len() == MOVED_PER_ROW {
+                if let Some(done) = run.take() {
+                    rows.push((done, std::mem::take(&mut batch)));
+                }
+                run = Some(run_id.clone());
+            }
+            batch.push(crate::StoredEvent {
+                run_id,
+                seq: r.get(1)?,
+                at_ms: r.get(2)?,
+                version: r.get(3)?,
+                kind: crate::text(r, 4)?,
+                body: crate::text(r, 5)?,
+                prev_hash: crate::text(r, 6)?,
+                hash: crate::text(r, 7)?,
+            });
+        }
+        if let Some(done) = run {
+            rows.push((done, batch));
+        }
+    }
+    let mut insert = tx.prepare(
+        "INSERT INTO log (run_id, first_seq, last_seq, codec, events) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?;
+    for (run_id, events) in rows {
+        let (Some(first), Some(last)) = (events.first(), events.last()) else {
+            continue;
+        };
+        let (first, last) = (first.seq, last.seq);
+        let (codec, bytes) = crate::log::pack(crate::log::encode_events(&events));
+        insert.execute(rusqlite::params![run_id, first, last, codec, bytes])?;
+    }
+    tx.execute_batch("DROP TABLE events;")
+}
 
 pub(crate) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let sql = |source| StoreError::Sqlite {
@@ -122,10 +189,19 @@ pub(crate) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
     }
     for (i, migration) in MIGRATIONS.iter().enumerate().skip(version as usize) {
         let next = i as i64 + 1;
-        conn.execute_batch(&format!(
-            "BEGIN IMMEDIATE; {migration}; PRAGMA user_version = {next}; COMMIT;"
-        ))
-        .map_err(sql)?;
+        let step = || -> rusqlite::Result<()> {
+            let tx = rusqlite::Transaction::new_unchecked(
+                conn,
+                rusqlite::TransactionBehavior::Immediate,
+            )?;
+            tx.execute_batch(migration)?;
+            if next == 6 {
+                move_events_into_log(&tx)?;
+            }
+            tx.pragma_update(None, "user_version", next)?;
+            tx.commit()
+        };
+        step().map_err(sql)?;
     }
     Ok(())
 }
@@ -173,6 +249,102 @@ mod tests {
             !columns.iter().any(|c| c.starts_with("projection")),
             "{columns:?}"
         );
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, MIGRATIONS.len() as i64);
+    }
+
+    /// A store of schema 4 (blobs with no codec, a row per event) reaches schema 6: every event
+    /// comes back as it was stored, damage included, in order and grouped into rows; the blobs
+    /// already stored read as they were; a new commit's artifacts go with its events.
+    #[test]
+    fn schema_6_moves_every_event_as_it_was_and_keeps_the_old_blobs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keel.db");
+        let conn = Connection::open(&path).unwrap();
+        for (i, migration) in MIGRATIONS.iter().take(4).enumerate() {
+            conn.execute_batch(&format!("{migration}; PRAGMA user_version = {};", i + 1))
+                .unwrap();
+        }
+        let text = "a request that repeats itself. ".repeat(100);
+        let old_blob = blake3::hash(text.as_bytes()).to_hex().to_string();
+        conn.execute(
+            "INSERT INTO blobs (hash, bytes) VALUES (?1, ?2)",
+            rusqlite::params![old_blob, text.as_bytes()],
+        )
+        .unwrap();
+        let mut expected = Vec::new();
+        for (run, n) in [("a", 150u64), ("b", 3)] {
+            for seq in 1..=n {
+                let body = if run == "a" && seq == 70 {
+                    // Stored damaged before the move: it stays so.
+                    "{not json".to_string()
+                } else {
+                    format!("{{\"kind\":\"note_added\",\"n\":{seq}}}")
+                };
+                let e = crate::StoredEvent {
+                    run_id: run.into(),
+                    seq,
+                    at_ms: 1000 + seq as i64,
+                    version: 1,
+                    kind: "note_added".into(),
+                    body,
+                    prev_hash: format!("p{seq}"),
+                    hash: format!("h{seq}"),
+                };
+                conn.execute(
+                    "INSERT INTO events (run_id, seq, at, v, kind, body, prev_hash, hash) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                    rusqlite::params![
+                        e.run_id,
+                        e.seq,
+                        e.at_ms,
+                        e.version,
+                        e.kind,
+                        e.body,
+                        e.prev_hash,
+                        e.hash
+                    ],
+                )
+                .unwrap();
+                expected.push(e);
+            }
+            conn.execute(
+                "INSERT INTO runs (id, contract_hash, state, reason, created_at, updated_at, \
+                 last_seq, last_hash) VALUES (?1, 'c', 'executing', '', 1, 1, ?2, ?3)",
+                rusqlite::params![run, n, format!("h{n}")],
+            )
+            .unwrap();
+        }
+        drop(conn);
+
+        let store = crate::Store::open(&path).unwrap();
+        let mut read = store.events_from("a", 1).unwrap();
+        read.extend(store.events_from("b", 1).unwrap());
+        assert_eq!(read, expected);
+        assert_eq!(store.events_from("a", 140).unwrap(), expected[139..150]);
+        assert_eq!(store.event("a", 70).unwrap().as_ref(), Some(&expected[69]));
+        let conn = Connection::open(&path).unwrap();
+        let rows: i64 = conn
+            .query_row("SELECT count(*) FROM log WHERE run_id = 'a'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(rows, 3, "150 events in rows of up to {MOVED_PER_ROW}");
+        let events_table: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_schema WHERE name = 'events'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(events_table, 0);
+        assert_eq!(
+            store.read_artifact(&old_blob, usize::MAX).unwrap(),
+            text.as_bytes()
+        );
+        assert!(store.verify_artifact(&old_blob).unwrap());
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();

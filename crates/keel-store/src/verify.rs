@@ -17,6 +17,9 @@ pub enum ChainProblem {
     Unlinked { seq: u64 },
     /// The body does not decode.
     Undecodable { seq: u64, message: String },
+    /// The stored row holding this event and the ones after it in the same commit does not
+    /// decode (see `Store::for_each_event`): none of them can be read.
+    Unreadable { seq: u64, message: String },
     /// The `kind` column names another kind than the body.
     KindMismatch {
         seq: u64,
@@ -33,6 +36,7 @@ impl ChainProblem {
             | ChainProblem::Altered { seq }
             | ChainProblem::Unlinked { seq }
             | ChainProblem::Undecodable { seq, .. }
+            | ChainProblem::Unreadable { seq, .. }
             | ChainProblem::KindMismatch { seq, .. } => *seq,
         }
     }
@@ -63,6 +67,7 @@ impl std::fmt::Display for ChainProblem {
             ChainProblem::Undecodable { seq, message } => {
                 write!(f, "event {seq} does not decode: {message}")
             }
+            ChainProblem::Unreadable { message, .. } => f.write_str(message),
             ChainProblem::KindMismatch { seq, column, body } => write!(
                 f,
                 "event {seq} is stored as kind `{column}` but its body is a `{body}`"
@@ -98,6 +103,12 @@ pub fn verify_chain<'a>(
 }
 
 pub(crate) fn check_one(expected: u64, prev: &str, e: &StoredEvent) -> Result<(), ChainProblem> {
+    if e.version == 0 && e.kind == crate::UNREADABLE && e.hash.is_empty() {
+        return Err(ChainProblem::Unreadable {
+            seq: e.seq,
+            message: e.body.clone(),
+        });
+    }
     if e.seq != expected {
         return Err(ChainProblem::Gap {
             expected,

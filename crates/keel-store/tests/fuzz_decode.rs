@@ -11,7 +11,11 @@
 //! - changing any column of any event of a valid chain is caught, at that event;
 //! - a body that was changed and then re-hashed (so the chain is intact) passes only if it
 //!   decodes to an event of the kind its column names, and then it is a real event;
-//! - a refusal names the run and the event.
+//! - a refusal names the run and the event;
+//! - a stored `log` row (the events of a commit, packed or not, and its artifacts) whose bytes
+//!   were flipped, cut, deleted or added to decodes to an error or to events, never a panic or
+//!   a read past its end; decoded events that differ from the ones stored never pass the chain
+//!   check.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -322,6 +326,39 @@ proptest! {
             prop_assert!(shown.starts_with(&prefix), "{}", shown);
             prop_assert!(shown.len() > prefix.len());
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(fuzz::config())]
+
+    #[test]
+    fn a_damaged_log_row_is_refused_or_caught_by_the_chain_check(
+        packed in any::<bool>(),
+        edits in proptest::collection::vec(fuzz::byte_edit(), 1..4),
+    ) {
+        let events = chain();
+        let encoded = keel_store::log::encode_events(&events);
+        let (codec, stored) = if packed {
+            keel_store::log::pack(encoded)
+        } else {
+            (keel_store::log::RAW, encoded)
+        };
+        let damaged = edits.iter().fold(stored.clone(), fuzz::apply_bytes);
+        match keel_store::log::decode_events(RUN, codec, &damaged) {
+            Err(message) => prop_assert!(!message.is_empty()),
+            Ok(read) if read == events => {}
+            Ok(read) => {
+                prop_assert!(verify_chain(None, &read).is_err(), "{:?}", read);
+                for e in &read {
+                    check_decode(e);
+                }
+            }
+        }
+        let blobs = vec![("a".repeat(64), 0, b"bytes".to_vec()), ("b".repeat(64), 1, damaged)];
+        let (column, _) = keel_store::log::encode_blobs(&blobs);
+        let cut = edits.iter().fold(column, fuzz::apply_bytes);
+        let _ = keel_store::log::decode_blobs(&cut);
     }
 }
 

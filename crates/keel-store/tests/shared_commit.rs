@@ -272,9 +272,10 @@ fn rows_written_in_a_shared_transaction_follow_every_commit() {
         run = after;
         assert_eq!(stored_limit(), Some(to));
     }
-    // A stale commit (an old projection) is refused and changes nothing remembered.
+    // A stale commit (an old projection) is refused (before it waits for the lock: its events
+    // do not follow the log's end) and changes nothing remembered.
     let (events, _) = raise(&created("r").1, 99);
-    assert!(queued(&mut store, &lease, &events, &run).is_err());
+    assert!(store.commit(&lease, &events, &run, None, 0).is_err());
     let (events, after) = raise(&run, 40);
     queued(&mut store, &lease, &events, &after).unwrap();
     run = after;

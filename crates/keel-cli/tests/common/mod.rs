@@ -148,8 +148,47 @@ impl Fixture {
         rusqlite::Connection::open(self.path(".keel/keel.db")).expect("store opens")
     }
 
-    /// An artifact's bytes, read through keel's store (small ones live in its `blobs` table,
-    /// maybe compressed; large ones in files under `.keel/artifacts/`).
+    /// The run's events as stored (every field as its row holds it), in order; a row that
+    /// does not decode reads as one event of kind `keel_store::UNREADABLE`.
+    #[allow(dead_code)]
+    pub fn stored_events(&self, id: &str) -> Vec<keel_store::StoredEvent> {
+        keel_store::Store::open(&self.path(".keel/keel.db"))
+            .and_then(|store| store.events_from(id, 1))
+            .unwrap()
+    }
+
+    /// Changes the stored event `seq` of run `id` in place, as damage on disk or a hand with a
+    /// database tool would (nothing is checked).
+    #[allow(dead_code)]
+    pub fn tamper(&self, id: &str, seq: u64, edit: impl FnOnce(&mut keel_store::StoredEvent)) {
+        let mut edit = Some(edit);
+        let found = keel_store::log::rewrite_stored(&self.db(), id, seq, |events| {
+            let e = events
+                .iter_mut()
+                .find(|e| e.seq == seq)
+                .expect("the event is stored");
+            (edit.take().unwrap())(e);
+        })
+        .unwrap();
+        assert!(found, "no stored event {seq}");
+    }
+
+    /// Removes the stored events of run `id` that `gone` picks, as a lost write would.
+    #[allow(dead_code)]
+    pub fn remove_events(&self, id: &str, gone: impl Fn(u64) -> bool) {
+        for e in self.stored_events(id) {
+            if gone(e.seq) {
+                keel_store::log::rewrite_stored(&self.db(), id, e.seq, |events| {
+                    events.retain(|x| x.seq != e.seq)
+                })
+                .unwrap();
+            }
+        }
+    }
+
+    /// An artifact's bytes, read through keel's store (small ones live in the log rows of the
+    /// commits that stored them, maybe compressed; large ones in files under
+    /// `.keel/artifacts/`).
     pub fn artifact(&self, hash: &str) -> Vec<u8> {
         keel_store::Store::open(&self.path(".keel/keel.db"))
             .and_then(|store| store.read_artifact(hash, usize::MAX))
@@ -435,4 +474,25 @@ pub fn with_each_commit_failing(
             check(&f, &id, &what);
         }
     }
+}
+
+/// How many events the `log` rows on `conn` hold, of run `id` or of every run.
+#[allow(dead_code)]
+pub fn count_events(conn: &rusqlite::Connection, id: Option<&str>) -> u64 {
+    let mut stmt = conn
+        .prepare("SELECT run_id, codec, events FROM log WHERE ?1 IS NULL OR run_id = ?1")
+        .unwrap();
+    stmt.query_map([id], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, Vec<u8>>(2)?,
+        ))
+    })
+    .unwrap()
+    .map(|row| {
+        let (run, codec, bytes) = row.unwrap();
+        keel_store::log::decode_events(&run, codec, &bytes).map_or(0, |events| events.len() as u64)
+    })
+    .sum()
 }

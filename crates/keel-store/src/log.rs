@@ -1,0 +1,345 @@
+//! How a commit's events and small artifacts are kept: one row of the `log` table per commit of
+//! a run (schema 6), instead of a row per event and a row per artifact.
+//!
+//! A step's commit appends one row at the end of the table, and one entry to the `(run_id,
+//! first_seq)` index. With a row per event and per artifact a step's commit touched about 17
+//! pages (each table's and index's B-tree rebalancing as it grew, the artifacts' hash index at
+//! random places); a row holds the same in a few (see docs/performance.md).
+//!
+//! The `events` column is [`encode_events`]: a small header and each event's stored fields
+//! (sequence number, time, version, kind, body text, previous hash, hash) with their lengths,
+//! as one zstd frame when that saves room (`codec`). The `blobs` column holds the artifacts the
+//! commit stored ([`encode_blobs`]: each one's hash, its own codec and bytes), and
+//! `blob_hashes` their hashes alone, so a search for an artifact reads no blob. Decoding checks
+//! every length against what is there: damaged bytes give an error, never a panic or a read past
+//! the end.
+
+use std::borrow::Cow;
+
+use crate::StoredEvent;
+
+/// The first bytes of an encoded event list, and its format version.
+const MAGIC: &[u8; 3] = b"KL\x01";
+/// The events as they are.
+pub const RAW: i64 = 0;
+/// One zstd frame of the events.
+pub const ZSTD: i64 = 1;
+/// zstd's fastest level: most of the saving for a few microseconds.
+const LEVEL: i32 = 1;
+/// Shorter event lists are kept as they are.
+const SMALLEST: usize = 512;
+/// No commit's events come near this: a frame that would decode to more is damage.
+const LARGEST: usize = 256 * 1024 * 1024;
+
+/// An artifact stored in a log row: its hash, how its bytes are kept (`blob` codec), the bytes.
+pub type InlineBlob = (String, i64, Vec<u8>);
+
+/// The events of one row, as [`StoredEvent`]s of run `run_id`.
+pub fn encode_events(events: &[StoredEvent]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(
+        8 + events
+            .iter()
+            .map(|e| 40 + e.kind.len() + e.body.len() + e.prev_hash.len() + e.hash.len())
+            .sum::<usize>(),
+    );
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(events.len() as u32).to_le_bytes());
+    for e in events {
+        out.extend_from_slice(&e.seq.to_le_bytes());
+        out.extend_from_slice(&e.at_ms.to_le_bytes());
+        out.extend_from_slice(&e.version.to_le_bytes());
+        put(&mut out, e.kind.as_bytes());
+        put(&mut out, e.body.as_bytes());
+        put(&mut out, e.prev_hash.as_bytes());
+        put(&mut out, e.hash.as_bytes());
+    }
+    out
+}
+
+fn put(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+/// The codec and the bytes to store for an encoded event list: compressed when that saves an
+/// eighth.
+pub fn pack(encoded: Vec<u8>) -> (i64, Vec<u8>) {
+    if encoded.len() >= SMALLEST
+        && let Some(frame) = crate::blob::compress_at(&encoded, LEVEL)
+        && frame.len() <= encoded.len() - encoded.len() / 8
+    {
+        return (ZSTD, frame);
+    }
+    (RAW, encoded)
+}
+
+/// The events a stored `events` column holds. Text that is no longer UTF-8 is read with the
+/// damage replaced (U+FFFD), so that the hash check reports the event, as for any other change.
+pub fn decode_events(run_id: &str, codec: i64, stored: &[u8]) -> Result<Vec<StoredEvent>, String> {
+    let bytes: Cow<'_, [u8]> = match codec {
+        RAW => Cow::Borrowed(stored),
+        ZSTD => Cow::Owned(
+            zstd::bulk::decompress(stored, LARGEST)
+                .map_err(|e| format!("its zstd frame does not decode: {e}"))?,
+        ),
+        other => {
+            return Err(format!(
+                "its codec {other} is not one this keel knows (0 = as is, 1 = zstd); a newer keel wrote it"
+            ));
+        }
+    };
+    let mut r = Reader {
+        bytes: &bytes,
+        at: 0,
+    };
+    if r.take(MAGIC.len())? != MAGIC {
+        return Err("it does not start as an event list of this keel".into());
+    }
+    let count = r.u32()? as usize;
+    // Each event takes at least 36 bytes: a count beyond what is there is damage.
+    if count > bytes.len() / 36 {
+        return Err(format!("it claims {count} events in {} bytes", bytes.len()));
+    }
+    let mut events = Vec::with_capacity(count);
+    for _ in 0..count {
+        let seq = r.u64()?;
+        let at_ms = r.u64()? as i64;
+        let version = r.u32()?;
+        let kind = r.text()?;
+        let body = r.text()?;
+        let prev_hash = r.text()?;
+        let hash = r.text()?;
+        events.push(StoredEvent {
+            run_id: run_id.to_string(),
+            seq,
+            at_ms,
+            version,
+            kind,
+            body,
+            prev_hash,
+            hash,
+        });
+    }
+    if r.at != bytes.len() {
+        return Err(format!(
+            "{} bytes follow its last event",
+            bytes.len() - r.at
+        ));
+    }
+    Ok(events)
+}
+
+/// The `blobs` column for `blobs` (in the order given), and the `blob_hashes` column.
+pub fn encode_blobs(blobs: &[InlineBlob]) -> (Vec<u8>, Vec<u8>) {
+    let mut out = Vec::new();
+    let mut hashes = Vec::with_capacity(blobs.len() * 65);
+    for (hash, codec, bytes) in blobs {
+        put(&mut out, hash.as_bytes());
+        out.push(u8::try_from(*codec).unwrap_or(u8::MAX));
+        put(&mut out, bytes);
+        hashes.extend_from_slice(hash.as_bytes());
+        hashes.push(b'\n');
+    }
+    (out, hashes)
+}
+
+/// The artifacts a stored `blobs` column holds, their bytes as stored (see `blob::decode`).
+pub fn decode_blobs(stored: &[u8]) -> Result<Vec<InlineBlob>, String> {
+    let mut r = Reader {
+        bytes: stored,
+        at: 0,
+    };
+    let mut out = Vec::new();
+    while r.at < stored.len() {
+        let hash = r.text()?;
+        let codec = i64::from(r.take(1)?[0]);
+        let len = r.u32()? as usize;
+        out.push((hash, codec, r.take(len)?.to_vec()));
+    }
+    Ok(out)
+}
+
+/// Whether a `blob_hashes` column names `hash`.
+pub(crate) fn names_blob(hashes: &[u8], hash: &str) -> bool {
+    hashes.split(|b| *b == b'\n').any(|h| h == hash.as_bytes())
+}
+
+/// Rewrites the stored events of run `run_id` in the `log` row that holds event `seq`, on
+/// `conn`: `edit` gets the row's events as stored and changes them as it likes (alters a field,
+/// removes one); the row is written back as it is (codec 0), or removed when no event is left.
+/// Nothing checks what is written: this is how tests damage a log the way a disk or a hand with
+/// a database tool could, and how a repair tool would reach it. Returns whether a row held
+/// `seq`.
+pub fn rewrite_stored(
+    conn: &rusqlite::Connection,
+    run_id: &str,
+    seq: u64,
+    edit: impl FnOnce(&mut Vec<StoredEvent>),
+) -> Result<bool, String> {
+    let row: Option<(i64, i64, Vec<u8>)> = conn
+        .query_row(
+            "SELECT id, codec, events FROM log WHERE run_id = ?1 AND first_seq <= ?2 \
+             AND last_seq >= ?2",
+            rusqlite::params![run_id, seq],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .map(Some)
+        .or_else(|e| match e {
+            rusqlite::Error::QueryReturnedNoRows => Ok(None),
+            e => Err(e),
+        })
+        .map_err(|e| e.to_string())?;
+    let Some((id, codec, bytes)) = row else {
+        return Ok(false);
+    };
+    let mut events = decode_events(run_id, codec, &bytes)?;
+    edit(&mut events);
+    if events.is_empty() {
+        conn.execute("DELETE FROM log WHERE id = ?1", [id])
+    } else {
+        conn.execute(
+            "UPDATE log SET codec = ?2, events = ?3 WHERE id = ?1",
+            rusqlite::params![id, RAW, encode_events(&events)],
+        )
+    }
+    .map_err(|e| e.to_string())?;
+    Ok(true)
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|end| *end <= self.bytes.len())
+            .ok_or_else(|| {
+                format!(
+                    "it ends after {} bytes, in the middle of a field of {n} at byte {}",
+                    self.bytes.len(),
+                    self.at
+                )
+            })?;
+        let out = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(out)
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    fn text(&mut self) -> Result<String, String> {
+        let len = self.u32()? as usize;
+        Ok(String::from_utf8_lossy(self.take(len)?).into_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(seq: u64, body: &str) -> StoredEvent {
+        StoredEvent {
+            run_id: "r".into(),
+            seq,
+            at_ms: -5 + seq as i64,
+            version: 1,
+            kind: "note_added".into(),
+            body: body.into(),
+            prev_hash: format!("{:064}", seq - 1),
+            hash: format!("{seq:064}"),
+        }
+    }
+
+    #[test]
+    fn events_come_back_as_they_were_stored_packed_or_not() {
+        let events: Vec<StoredEvent> = (1..=20)
+            .map(|i| {
+                event(
+                    i,
+                    &format!("{{\"text\":\"{}\"}}", "é".repeat(i as usize * 10)),
+                )
+            })
+            .collect();
+        let encoded = encode_events(&events);
+        assert_eq!(decode_events("r", RAW, &encoded).unwrap(), events);
+        let (codec, packed) = pack(encoded.clone());
+        assert_eq!(codec, ZSTD, "a long list compresses");
+        assert!(packed.len() < encoded.len());
+        assert_eq!(decode_events("r", codec, &packed).unwrap(), events);
+        let (codec, small) = pack(encode_events(&events[..1]));
+        assert_eq!(codec, RAW, "a short list is kept as it is");
+        assert_eq!(decode_events("r", codec, &small).unwrap(), events[..1]);
+        assert_eq!(decode_events("r", RAW, &encode_events(&[])).unwrap(), []);
+    }
+
+    #[test]
+    fn every_cut_and_a_flip_of_the_header_is_an_error_not_a_panic() {
+        let encoded = encode_events(&[event(1, "{}"), event(2, "{\"a\":1}")]);
+        for end in 0..encoded.len() {
+            assert!(
+                decode_events("r", RAW, &encoded[..end]).is_err(),
+                "cut at {end}"
+            );
+        }
+        let mut longer = encoded.clone();
+        longer.push(0);
+        assert!(
+            decode_events("r", RAW, &longer)
+                .unwrap_err()
+                .contains("follow")
+        );
+        let mut bad = encoded.clone();
+        bad[0] ^= 0xff;
+        assert!(decode_events("r", RAW, &bad).is_err());
+        let mut huge = encoded;
+        huge[3..7].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(
+            decode_events("r", RAW, &huge)
+                .unwrap_err()
+                .contains("claims")
+        );
+        assert!(decode_events("r", ZSTD, b"not a frame").is_err());
+        assert!(
+            decode_events("r", 7, b"")
+                .unwrap_err()
+                .contains("newer keel")
+        );
+    }
+
+    #[test]
+    fn text_that_is_no_longer_utf8_reads_with_the_damage_replaced() {
+        let mut encoded = encode_events(&[event(1, "{\"t\":\"ab\"}")]);
+        let at = encoded.windows(2).position(|w| w == b"ab").unwrap();
+        encoded[at] = 0xff;
+        let back = decode_events("r", RAW, &encoded).unwrap();
+        assert!(back[0].body.contains('\u{fffd}'), "{}", back[0].body);
+    }
+
+    #[test]
+    fn blobs_come_back_and_their_hashes_are_found() {
+        let blobs = vec![
+            ("aa".to_string(), 0, b"first".to_vec()),
+            ("bb".to_string(), 1, vec![0u8; 3]),
+        ];
+        let (stored, hashes) = encode_blobs(&blobs);
+        assert_eq!(decode_blobs(&stored).unwrap(), blobs);
+        assert!(names_blob(&hashes, "bb"));
+        assert!(!names_blob(&hashes, "b"));
+        assert!(decode_blobs(&stored[..stored.len() - 1]).is_err());
+        assert_eq!(decode_blobs(&[]).unwrap(), []);
+    }
+}
