@@ -112,6 +112,24 @@ const NOTES: &str = "\n## Notes\n";
 const OBSERVATIONS: &str = "\n## Recent observations (oldest first)\n";
 const CLOSING: &str = "\nDecide the next action and make it with tool calls.\n";
 
+/// Appends `n` in decimal.
+fn push_number(out: &mut String, n: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for d in &digits[at..] {
+        out.push(char::from(*d));
+    }
+}
+
 /// Everything a prompt is made of, already selected from the run.
 #[derive(Clone)]
 struct Sections {
@@ -127,42 +145,35 @@ struct Sections {
 
 impl Sections {
     fn render(&self) -> String {
-        let mut out = String::new();
+        // One allocation of the exact size, and no formatting machinery: a prompt is rendered
+        // a few times a step (see `fit`).
+        let mut out = String::with_capacity(self.rendered_len());
+        let listed = |out: &mut String, header: &str, items: &[String], bullet: &str| {
+            if !items.is_empty() {
+                out.push_str(header);
+                for item in items {
+                    out.push_str(bullet);
+                    out.push_str(item);
+                    out.push('\n');
+                }
+            }
+        };
         out.push_str(&self.task);
         out.push_str(&self.phase);
         if !self.plan.is_empty() {
             out.push_str(PLAN);
             for (i, item) in self.plan.iter().enumerate() {
-                out.push_str(&format!("{}. {item}\n", i + 1));
+                push_number(&mut out, i + 1);
+                out.push_str(". ");
+                out.push_str(item);
+                out.push('\n');
             }
         }
         out.push_str(&self.budgets);
-        if !self.evidence.is_empty() {
-            out.push_str(EVIDENCE);
-            for e in &self.evidence {
-                out.push_str(e);
-                out.push('\n');
-            }
-        }
-        if !self.rejected.is_empty() {
-            out.push_str(REJECTED);
-            for r in &self.rejected {
-                out.push_str(&format!("- {r}\n"));
-            }
-        }
-        if !self.notes.is_empty() {
-            out.push_str(NOTES);
-            for n in &self.notes {
-                out.push_str(&format!("- {n}\n"));
-            }
-        }
-        if !self.observations.is_empty() {
-            out.push_str(OBSERVATIONS);
-            for o in &self.observations {
-                out.push_str(o);
-                out.push('\n');
-            }
-        }
+        listed(&mut out, EVIDENCE, &self.evidence, "");
+        listed(&mut out, REJECTED, &self.rejected, "- ");
+        listed(&mut out, NOTES, &self.notes, "- ");
+        listed(&mut out, OBSERVATIONS, &self.observations, "");
         out.push_str(CLOSING);
         out
     }
@@ -387,16 +398,20 @@ fn fit(
             })
             .0
     };
-    let needed = count(last);
-    if needed > limit {
-        return Err(ContextTooSmall { limit, needed });
-    }
     // The guess: the first state whose length, at the first state's tokens per byte, fits.
     let per_byte = tokens.saturating_sub(fixed) as f64 / lengths[0].max(1) as f64;
     let room = limit.saturating_sub(fixed) as f64;
     let guess = (1..=last)
         .find(|&k| lengths[k] as f64 * per_byte <= room)
         .unwrap_or(last);
+    // Whether anything fits, when the guess does not: the state with everything cut that can
+    // be (cuts only shorten the text, so if the guess fits, so does that state).
+    if count(guess) > limit {
+        let needed = count(last);
+        if needed > limit {
+            return Err(ContextTooSmall { limit, needed });
+        }
+    }
     // `over` does not fit (state 0 does not), `within` does (the last does); the answer is in
     // (over, within].
     let (mut over, mut within) = if count(guess) <= limit {

@@ -60,13 +60,19 @@ pub trait Driver {
 
 /// The prompt and tools as JSON: the request of drivers that have no wire format of their own.
 fn prompt_json(prompt: &Prompt, tools: &[ToolSpec]) -> Vec<u8> {
-    let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
-    serde_json::to_vec_pretty(&serde_json::json!({
-        "system": prompt.system,
-        "user": prompt.user,
-        "tokens": prompt.tokens,
-        "tools": names,
-    }))
+    #[derive(serde::Serialize)]
+    struct Request<'a> {
+        system: &'a str,
+        user: &'a str,
+        tokens: u64,
+        tools: Vec<&'a str>,
+    }
+    serde_json::to_vec(&Request {
+        system: &prompt.system,
+        user: &prompt.user,
+        tokens: prompt.tokens,
+        tools: tools.iter().map(|t| t.name.as_str()).collect(),
+    })
     .unwrap_or_default()
 }
 

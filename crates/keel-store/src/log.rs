@@ -20,12 +20,8 @@ use crate::StoredEvent;
 
 /// The first bytes of an encoded event list, and its format version.
 const MAGIC: &[u8; 3] = b"KL\x01";
-/// The events as they are.
-pub const RAW: i64 = 0;
-/// One zstd frame of the events.
-pub const ZSTD: i64 = 1;
-/// zstd's fastest level: most of the saving for a few microseconds.
-const LEVEL: i32 = 1;
+pub use crate::blob::{LZ4, RAW, ZSTD};
+
 /// Shorter event lists are kept as they are.
 const SMALLEST: usize = 512;
 /// No commit's events come near this: a frame that would decode to more is damage.
@@ -61,16 +57,13 @@ fn put(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
-/// The codec and the bytes to store for an encoded event list: compressed when that saves an
-/// eighth.
+/// The codec and the bytes to store for an encoded event list: compressed (LZ4, see `blob`)
+/// when that saves an eighth.
 pub fn pack(encoded: Vec<u8>) -> (i64, Vec<u8>) {
-    if encoded.len() >= SMALLEST
-        && let Some(frame) = crate::blob::compress_at(&encoded, LEVEL)
-        && frame.len() <= encoded.len() - encoded.len() / 8
-    {
-        return (ZSTD, frame);
+    match crate::blob::encode_from(&encoded, SMALLEST) {
+        (codec, std::borrow::Cow::Owned(frame)) => (codec, frame),
+        (codec, std::borrow::Cow::Borrowed(_)) => (codec, encoded),
     }
-    (RAW, encoded)
 }
 
 /// The events a stored `events` column holds. Text that is no longer UTF-8 is read with the
@@ -78,15 +71,7 @@ pub fn pack(encoded: Vec<u8>) -> (i64, Vec<u8>) {
 pub fn decode_events(run_id: &str, codec: i64, stored: &[u8]) -> Result<Vec<StoredEvent>, String> {
     let bytes: Cow<'_, [u8]> = match codec {
         RAW => Cow::Borrowed(stored),
-        ZSTD => Cow::Owned(
-            zstd::bulk::decompress(stored, LARGEST)
-                .map_err(|e| format!("its zstd frame does not decode: {e}"))?,
-        ),
-        other => {
-            return Err(format!(
-                "its codec {other} is not one this keel knows (0 = as is, 1 = zstd); a newer keel wrote it"
-            ));
-        }
+        other => Cow::Owned(crate::blob::unpack(other, stored.to_vec(), LARGEST)?),
     };
     let mut r = Reader {
         bytes: &bytes,
@@ -277,7 +262,7 @@ mod tests {
         let encoded = encode_events(&events);
         assert_eq!(decode_events("r", RAW, &encoded).unwrap(), events);
         let (codec, packed) = pack(encoded.clone());
-        assert_eq!(codec, ZSTD, "a long list compresses");
+        assert_eq!(codec, LZ4, "a long list compresses");
         assert!(packed.len() < encoded.len());
         assert_eq!(decode_events("r", codec, &packed).unwrap(), events);
         let (codec, small) = pack(encode_events(&events[..1]));
@@ -313,6 +298,7 @@ mod tests {
                 .contains("claims")
         );
         assert!(decode_events("r", ZSTD, b"not a frame").is_err());
+        assert!(decode_events("r", LZ4, b"\x10\0\0\0not a frame").is_err());
         assert!(
             decode_events("r", 7, b"")
                 .unwrap_err()
