@@ -487,6 +487,15 @@ fn concurrent_figure(c: &concurrent::Concurrent) -> Value {
             "largest_transaction": c.commits.largest,
         }),
     );
+    let quantiles = |v: &[u64]| {
+        let at = |q: f64| {
+            v.get(((v.len() as f64 - 1.0) * q).round() as usize)
+                .copied()
+        };
+        json!({"n": v.len(), "median": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": v.last()})
+    };
+    f.insert("model_exchange_ms".into(), quantiles(&c.exchange_ms));
+    f.insert("run_ms".into(), quantiles(&c.run_ms));
     f.insert("peak_reset".into(), json!(c.peak_reset));
     f.insert(
         "failures".into(),

@@ -1142,11 +1142,11 @@ fn the_api_key_never_reaches_a_command_the_model_runs() {
 
 /// Against a model that costs money, the request is stored before it is sent, and a step of
 /// keel's own read-only tools waits to be stored with the next step's request: a run of `N`
-/// steps makes `N + 4` commits (the run's creation; its start, first checkpoint and first
+/// steps makes `N + 3` commits (the run's creation; its start, first checkpoint and first
 /// request; one per step after the first, each with the next request; the last step's end
-/// before the acceptance verifier runs; its evidence with the phase's verification; the
-/// checkpoint and the completion with the lease given back). Every step is in the log in
-/// order, and each reply is stored.
+/// before the acceptance verifier runs; its evidence, the phase's verification, the checkpoint
+/// and the completion, with the lease given back). Every step is in the log in order, and each
+/// reply is stored.
 #[test]
 fn a_read_only_step_against_a_paid_model_is_stored_with_the_next_request() {
     let plan = |item: &str| json!({"items": [item]}).to_string();
@@ -1173,7 +1173,7 @@ fn a_read_only_step_against_a_paid_model_is_stored_with_the_next_request() {
     let id = f.stored_run_id().unwrap();
     let model_steps = steps.len() + 1;
     assert_eq!(server.requests().len(), model_steps);
-    assert_eq!(common::traced(&trace, "commit"), model_steps + 4);
+    assert_eq!(common::traced(&trace, "commit"), model_steps + 3);
     let events = f.events(&id);
     assert_eq!(of_kind(&events, "model_replied").len(), model_steps);
     let kinds: Vec<&str> = events.iter().map(|e| e["kind"].as_str().unwrap()).collect();

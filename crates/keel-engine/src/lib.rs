@@ -1437,6 +1437,9 @@ impl Engine<'_> {
         last: Vec<EventBody>,
         completes: Option<StepId>,
     ) -> Result<(), EngineError> {
+        let phase_verified = last
+            .iter()
+            .any(|b| matches!(b, EventBody::PhaseVerified { .. }));
         self.stage(last)?;
         if !self.run.state.needs_human() && !self.run.state.is_terminal() {
             if let Some(id) = completes
@@ -1452,7 +1455,9 @@ impl Engine<'_> {
         // is sent: every way on from here (the next request, a verifier, a wait, the end of the
         // drive) commits first, and nothing but keel's own work comes in between. With a local
         // driver nothing would be stored until the run stops; its steps commit one by one.
-        if completes.is_some() && self.requests_are_stored() {
+        // A phase's verification waits for its checkpoint, which is taken next and stored with
+        // whatever follows it (the next step's start or request, or the run's end).
+        if (completes.is_some() && self.requests_are_stored()) || phase_verified {
             return Ok(());
         }
         self.flush()
@@ -1666,7 +1671,7 @@ impl Engine<'_> {
         if !outcome.success {
             let what = format!("step {id}");
             let reason = format!("`{command}` ended with {}", outcome.status);
-            return self.fail_step(id, &what, &reason, &outcome.status, &stored);
+            return self.fail_step(id, &what, &reason, &outcome.status, &read_tail(&stored));
         }
         if post.tree != pre_tree {
             let verifiers: Vec<Verifier> =
@@ -1678,8 +1683,8 @@ impl Engine<'_> {
                         "step verifier `{}` failed ({}), evidence #{}",
                         v.name, evidence.status, evidence.n
                     );
-                    let log = self.store.artifacts().path(&evidence.output);
-                    return self.fail_step(id, &v.name, &reason, &evidence.status, &log);
+                    let tail = self.output_tail(&evidence.output)?;
+                    return self.fail_step(id, &v.name, &reason, &evidence.status, &tail);
                 }
             }
         }
@@ -1693,10 +1698,9 @@ impl Engine<'_> {
         what: &str,
         reason: &str,
         status: &str,
-        output: &Path,
+        output_tail: &str,
     ) -> Result<(), EngineError> {
-        let text = read_tail(output);
-        let (fp, excerpt) = error_fingerprint(what, status, &text);
+        let (fp, excerpt) = error_fingerprint(what, status, output_tail);
         let pre_tree = self
             .run
             .in_progress
@@ -2319,6 +2323,18 @@ impl Engine<'_> {
             // Settled by `check_drift`.
             Some(Block::Drift { .. }) | None => Ok(true),
         }
+    }
+}
+
+impl Engine<'_> {
+    /// The last [`FAILURE_TAIL_BYTES`] of a stored output (a verifier's, kept with its
+    /// evidence or as a file).
+    fn output_tail(&self, output: &str) -> Result<String, EngineError> {
+        let bytes = self
+            .store
+            .read_run_artifact(&self.run.id, output, usize::MAX)?;
+        let from = bytes.len().saturating_sub(FAILURE_TAIL_BYTES as usize);
+        Ok(String::from_utf8_lossy(&bytes[from..]).into_owned())
     }
 }
 

@@ -130,14 +130,24 @@ pub(crate) struct Facts {
 /// configuration files).
 pub(crate) fn facts(root: &Path, git_dir: &Path) -> Result<Option<Arc<Facts>>, GitError> {
     static KNOWN: Mutex<Option<HashMap<PathBuf, Arc<Facts>>>> = Mutex::new(None);
-    if let Some(known) = KNOWN
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get_or_insert_with(HashMap::new)
-        .get(git_dir)
-        && stamps(&known.sources).as_ref() == Some(&known.source_stamps)
-    {
-        return Ok(Some(known.clone()));
+    // Held while git is asked: threads asking at once (a worker starting many runs) wait for
+    // one answer instead of each starting a process.
+    static ASKING: Mutex<()> = Mutex::new(());
+    let known = || {
+        KNOWN
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert_with(HashMap::new)
+            .get(git_dir)
+            .filter(|known| stamps(&known.sources).as_ref() == Some(&known.source_stamps))
+            .cloned()
+    };
+    if let Some(known) = known() {
+        return Ok(Some(known));
+    }
+    let _asking = ASKING.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(known) = known() {
+        return Ok(Some(known));
     }
     // The stamps are taken before git reads the files: a change while it runs shows next time.
     let Ok(now) = clock(git_dir) else {

@@ -109,9 +109,11 @@ impl Git {
                 reason: "not a directory",
             });
         }
-        // A repository opened before in this process, unchanged since: no process.
+        // A repository opened before in this process, unchanged since: no process. Threads
+        // opening one at once (a worker starting many runs) wait for one to ask git.
         let canonical = fs::canonicalize(workdir).ok();
-        if let Some(known) = canonical.as_deref().and_then(opened::lookup) {
+        let known = || {
+            let known = canonical.as_deref().and_then(opened::lookup)?;
             let git = Git {
                 root: known.root,
                 git_dir: known.git_dir,
@@ -119,7 +121,17 @@ impl Git {
                 excludes: Vec::new(),
             };
             remove_orphaned_indexes(&git.git_dir);
-            return git.with_excludes(exclude);
+            Some(git.with_excludes(exclude))
+        };
+        if let Some(git) = known() {
+            return git;
+        }
+        static ASKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _asking = ASKING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(git) = known() {
+            return git;
         }
         // One git process answers all three: the top of the working tree, the git directory
         // and the index file (relative to the directory git ran in).
@@ -266,16 +278,31 @@ impl Git {
             excludes: &self.excludes,
             facts,
         });
-        let mut survey = None;
-        if let Some(surveyor) = &surveyor {
-            let head = self.head()?;
-            match surveyor.lookup(head.clone()) {
-                treecache::Lookup::Hit(tree) => return Ok((tree, head)),
-                treecache::Lookup::Miss(taken) => survey = taken,
-            }
+        let Some(surveyor) = surveyor else {
+            return self.build_worktree_tree();
+        };
+        let head = self.head()?;
+        match surveyor.lookup(head.clone()) {
+            treecache::Lookup::Hit(tree) => return Ok((tree, head)),
+            treecache::Lookup::Miss(None) => return self.build_worktree_tree(),
+            treecache::Lookup::Miss(Some(_)) => {}
         }
+        // Threads of one process asking at once for the same working tree's tree (a worker
+        // starting many runs in one workspace) wait for one of them to build it, and then find
+        // it kept, instead of each starting git's five processes.
+        let turn = surveyor.building();
+        let _building = turn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let head = self.head()?;
+        // Surveyed again: the build waited for may have kept the answer, and what is kept must
+        // be surveyed before the build that it goes with.
+        let survey = match surveyor.lookup(head.clone()) {
+            treecache::Lookup::Hit(tree) => return Ok((tree, head)),
+            treecache::Lookup::Miss(survey) => survey,
+        };
         let (tree, head) = self.build_worktree_tree()?;
-        if let (Some(surveyor), Some(survey)) = (&surveyor, survey) {
+        if let Some(survey) = survey {
             surveyor.keep(survey, &tree, &head);
         }
         Ok((tree, head))
@@ -991,8 +1018,19 @@ fn normalize_exclude(path: &str) -> Result<String, GitError> {
 
 /// Removes the temporary index files (and their locks) and clock probes left by a keel process
 /// that is gone: their name carries the pid, and a pid with no process behind it left them.
-/// Best effort.
+/// Best effort, once per process and git directory: a worker opening a workspace for each of
+/// many runs listed its git directory each time, beside other runs' writes to it.
 fn remove_orphaned_indexes(git_dir: &Path) {
+    static SWEPT: std::sync::Mutex<Option<std::collections::HashSet<PathBuf>>> =
+        std::sync::Mutex::new(None);
+    let first = SWEPT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get_or_insert_with(Default::default)
+        .insert(git_dir.to_path_buf());
+    if !first {
+        return;
+    }
     let Ok(entries) = fs::read_dir(git_dir) else {
         return;
     };

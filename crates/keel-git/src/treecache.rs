@@ -115,9 +115,24 @@ pub(crate) enum Lookup {
     Miss(Option<Survey>),
 }
 
+/// One lock per kept answer's key: held while git builds the tree, so that threads asking at
+/// once wait for one build.
+static BUILDING: Mutex<Option<HashMap<Key, Arc<Mutex<()>>>>> = Mutex::new(None);
+
 impl Surveyor<'_> {
     fn key(&self) -> Key {
         (self.git_dir.to_path_buf(), self.excludes.to_vec())
+    }
+
+    /// The lock that one build of this working tree's tree holds at a time.
+    pub(crate) fn building(&self) -> Arc<Mutex<()>> {
+        let mut all = BUILDING.lock().unwrap_or_else(PoisonError::into_inner);
+        let all = all.get_or_insert_with(HashMap::new);
+        // Keys of working trees no one builds any more go, as kept answers do.
+        if all.len() >= MAX_KEPT {
+            all.retain(|_, lock| Arc::strong_count(lock) > 1);
+        }
+        all.entry(self.key()).or_default().clone()
     }
 
     /// Surveys the working tree and answers from the kept tree when nothing has changed.

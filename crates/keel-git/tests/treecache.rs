@@ -338,3 +338,39 @@ fn a_process_keeps_the_trees_of_a_bounded_number_of_working_trees() {
         "{answered} of 40 answered from a kept tree: {again:?}"
     );
 }
+
+#[test]
+fn threads_asking_at_once_wait_for_one_build() {
+    let _serial = one_at_a_time();
+    let files = [("a.txt", "a\n"), ("src/b.rs", "fn b() {}\n")];
+    // What one build costs.
+    let alone = Repo::with_commit(&files);
+    let git = alone.open(&[]);
+    settle(&alone);
+    let (tree, one_build) = asked(&git);
+    assert!(one_build > 0);
+
+    let repo = Repo::with_commit(&files);
+    let git = repo.open(&[]);
+    settle(&repo);
+    let barrier = std::sync::Barrier::new(8);
+    let (trees, started) = counted(|| {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        git.worktree_tree().unwrap()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .collect::<Vec<_>>()
+        })
+    });
+    assert!(trees.iter().all(|t| *t == tree), "{trees:?}");
+    assert_eq!(started, one_build, "eight threads, one build");
+    assert_eq!(asked(&git), (tree, 0), "and it is kept");
+}

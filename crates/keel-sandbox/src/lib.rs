@@ -381,7 +381,23 @@ impl Support {
 
 /// What this kernel can enforce. An error if the sandbox cannot run at all here (Landlock
 /// below ABI 3, namespaces missing or forbidden).
+///
+/// A support found complete (a process limit included) is kept for the life of the process:
+/// the probe makes and removes a cgroup, a slow kernel operation, and a worker asked it at the
+/// start of every run. Anything less is probed again next time.
 pub fn probe() -> Result<Support, SandboxError> {
+    static FOUND: std::sync::OnceLock<Support> = std::sync::OnceLock::new();
+    if let Some(found) = FOUND.get() {
+        return Ok(found.clone());
+    }
+    let support = probe_now()?;
+    if support.process_limit.is_some() {
+        let _ = FOUND.set(support.clone());
+    }
+    Ok(support)
+}
+
+fn probe_now() -> Result<Support, SandboxError> {
     let landlock_abi = rules::probe_abi();
     if landlock_abi < MIN_LANDLOCK_ABI {
         return Err(SandboxError::LandlockUnavailable { abi: landlock_abi });
