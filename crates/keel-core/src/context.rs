@@ -263,6 +263,28 @@ pub fn assemble(
     counter: &dyn TokenCount,
     limit: u64,
 ) -> Result<Prompt, ContextTooSmall> {
+    let fixed = fixed_tokens(tools, counter);
+    assemble_within(contract, run, phase, objective, fixed, counter, limit)
+}
+
+/// The tokens every prompt of a phase with `tools` carries whatever the run's state: the
+/// harness rules and the tools' specifications as the driver is given them.
+pub fn fixed_tokens(tools: &[ToolSpec], counter: &dyn TokenCount) -> u64 {
+    let tools_json = serde_json::to_string(tools).unwrap_or_default();
+    counter.count(HARNESS_RULES) + counter.count(&tools_json)
+}
+
+/// [`assemble`] with the phase's [`fixed_tokens`] counted beforehand (they are the same at
+/// every step of the phase).
+pub fn assemble_within(
+    contract: &Contract,
+    run: &Run,
+    phase: usize,
+    objective: &str,
+    fixed: u64,
+    counter: &dyn TokenCount,
+    limit: u64,
+) -> Result<Prompt, ContextTooSmall> {
     let phase_name = contract.phases.get(phase).map_or("", |p| p.name.as_str());
     let mut task = format!("## Task\nGoal: {}\n", contract.task.goal);
     if !contract.task.out_of_scope.is_empty() {
@@ -349,8 +371,6 @@ pub fn assemble(
         notes: run.notes.clone(),
         observations,
     };
-    let tools_json = serde_json::to_string(tools).unwrap_or_default();
-    let fixed = counter.count(HARNESS_RULES) + counter.count(&tools_json);
     fit(sections, fixed, counter, limit)
 }
 

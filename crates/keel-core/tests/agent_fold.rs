@@ -462,7 +462,7 @@ fn the_prompt_stays_within_its_limit_however_long_the_history() {
     let contract = Contract::parse("keel.toml", CONTRACT).unwrap();
     let specs: Vec<_> = tools::BUILTIN
         .iter()
-        .filter_map(|t| tools::builtin(t))
+        .filter_map(|t| tools::builtin(t).cloned())
         .collect();
     let mut log = Log::new();
     let mut sizes = Vec::new();
@@ -501,7 +501,7 @@ fn a_limit_too_small_for_the_essentials_is_an_error_that_says_so() {
     let contract = Contract::parse("keel.toml", CONTRACT).unwrap();
     let specs: Vec<_> = tools::BUILTIN
         .iter()
-        .filter_map(|t| tools::builtin(t))
+        .filter_map(|t| tools::builtin(t).cloned())
         .collect();
     let log = Log::new();
     let err = assemble(&contract, &log.run, 0, "o", &specs, &Estimate, 100).unwrap_err();

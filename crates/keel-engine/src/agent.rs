@@ -48,6 +48,15 @@ const HTTP_RESPONSE_BYTES: u64 = 1 << 20;
 const RUN_OUTPUT_BYTES: usize = 6000;
 
 /// What the policy check concluded about one call.
+/// An agent phase's tools: their names as the phase offers them and their specifications.
+pub(crate) struct PhaseTools {
+    names: Vec<String>,
+    specs: Vec<ToolSpec>,
+    /// The tokens of every prompt of the phase that do not depend on the run's state, as the
+    /// driver counts them.
+    fixed_tokens: std::sync::OnceLock<u64>,
+}
+
 struct Verdict {
     decision: Decision,
     rule: String,
@@ -111,9 +120,9 @@ impl Engine<'_> {
             // written before the wait was stored with the step's end can be here).
             return self.wait_for_answer(&q);
         }
-        let (objective, tool_names, timeout_ms) = self.agent_phase(id.phase);
-        let tool_names = self.mcp.expand(&tool_names);
-        let specs: Vec<ToolSpec> = tool_names.iter().filter_map(|t| self.spec_of(t)).collect();
+        let (objective, _, timeout_ms) = self.agent_phase(id.phase);
+        let tools = self.phase_tools(id.phase);
+        let (tool_names, specs) = (&tools.names, &tools.specs);
         if self.run.in_progress.is_none() {
             let mut bodies = Vec::new();
             if self.run.state != RunState::Executing {
@@ -159,7 +168,7 @@ impl Engine<'_> {
                 command: &driver_label,
             },
         );
-        let Some(reply) = self.decide(id, &objective, &specs)? else {
+        let Some(reply) = self.decide(id, &objective, &tools)? else {
             return Ok(());
         };
         let mut blocked_by_driver = None;
@@ -173,7 +182,7 @@ impl Engine<'_> {
                 .as_ref()
                 .and_then(|p| p.calls.get(i as usize))
                 .cloned();
-            let verdict = self.check(id, i, call, &tool_names, &specs, finished);
+            let verdict = self.check(id, i, call, tool_names, specs, finished);
             let verdict = match recorded {
                 Some(c) if c.finished || c.decision == Decision::Deny => verdict,
                 Some(c) if c.decision == Decision::NeedsApproval => {
@@ -368,9 +377,31 @@ impl Engine<'_> {
             .collect())
     }
 
+    /// The tools agent phase `phase` offers (`server.*` expanded) and their specifications,
+    /// made once per phase: the contract and the MCP servers' tool lists do not change while
+    /// the engine lives.
+    fn phase_tools(&mut self, phase: u32) -> std::sync::Arc<PhaseTools> {
+        if let Some((at, tools)) = &self.phase_tools
+            && *at == phase
+        {
+            return tools.clone();
+        }
+        let (_, names, _) = self.agent_phase(phase);
+        let names = self.mcp.expand(&names);
+        let specs = names.iter().filter_map(|t| self.spec_of(t)).collect();
+        let tools = std::sync::Arc::new(PhaseTools {
+            names,
+            specs,
+            fixed_tokens: std::sync::OnceLock::new(),
+        });
+        self.phase_tools = Some((phase, tools.clone()));
+        tools
+    }
+
     /// A built-in or contract-defined tool's specification.
     fn spec_of(&self, name: &str) -> Option<ToolSpec> {
         tools::builtin(name)
+            .cloned()
             .or_else(|| self.contract.tool(name).map(|t| t.spec()))
             .or_else(|| self.mcp.spec(name))
     }
@@ -502,8 +533,9 @@ impl Engine<'_> {
         &mut self,
         id: StepId,
         objective: &str,
-        specs: &[ToolSpec],
+        tools: &PhaseTools,
     ) -> Result<Option<ModelReply>, EngineError> {
+        let specs = &tools.specs;
         if let Some(reply) = self.run.in_progress.as_ref().and_then(|p| p.reply.clone()) {
             return Ok(Some(reply));
         }
@@ -536,12 +568,15 @@ impl Engine<'_> {
                     .driver
                     .as_ref()
                     .ok_or_else(|| EngineError::Usage("an agent phase needs a [driver]".into()))?;
-                let prompt = match context::assemble(
+                let fixed = *tools
+                    .fixed_tokens
+                    .get_or_init(|| context::fixed_tokens(specs, driver.counter()));
+                let prompt = match context::assemble_within(
                     &self.contract,
                     &self.run,
                     id.phase as usize,
                     objective,
-                    specs,
+                    fixed,
                     driver.counter(),
                     limit,
                 ) {
@@ -680,27 +715,27 @@ impl Engine<'_> {
             keyed: false,
             args: serde_json::Value::Null,
         };
-        let Some(spec) = self.spec_of(&call.name) else {
-            return deny(
-                format!(
-                    "there is no tool `{}`; the tools of this phase are {}",
-                    call.name,
-                    phase_tools.join(", ")
+        let Some(spec) = specs.iter().find(|s| s.name == call.name) else {
+            return match self.spec_of(&call.name) {
+                None => deny(
+                    format!(
+                        "there is no tool `{}`; the tools of this phase are {}",
+                        call.name,
+                        phase_tools.join(", ")
+                    ),
+                    Reversibility::Irreversible,
                 ),
-                Reversibility::Irreversible,
-            );
+                Some(spec) => deny(
+                    format!(
+                        "tool `{}` is not allowed in this phase; its tools are {}",
+                        call.name,
+                        phase_tools.join(", ")
+                    ),
+                    spec.reversibility,
+                ),
+            };
         };
         let class = spec.reversibility;
-        if !specs.iter().any(|s| s.name == call.name) {
-            return deny(
-                format!(
-                    "tool `{}` is not allowed in this phase; its tools are {}",
-                    call.name,
-                    phase_tools.join(", ")
-                ),
-                class,
-            );
-        }
         if after_finish {
             return deny(
                 "a call after finish in the same reply is not made: finish ends the step".into(),

@@ -288,6 +288,8 @@ pub struct Engine<'a> {
     /// process of it gone (its end file, read before this process ran any command); `None`
     /// when that is not known. A path changed after it was not changed by that command.
     commands_ended: Option<std::time::SystemTime>,
+    /// The tools of the agent phase last asked for (see `phase_tools`).
+    phase_tools: Option<(u32, std::sync::Arc<agent::PhaseTools>)>,
 }
 
 /// The file where a run's commands note their end (see `Confinement::note_ends_in`).
@@ -575,6 +577,7 @@ pub fn start(
         fresh_step: None,
         diff_cache: None,
         commands_ended: None,
+        phase_tools: None,
     };
     engine.mcp = mcp::McpTools::connect(&engine.contract, &engine.env.workspace, &|names| {
         engine.secret_env(names)
@@ -751,6 +754,7 @@ pub fn resume(
         fresh_step: None,
         diff_cache: None,
         commands_ended,
+        phase_tools: None,
     };
     engine.mcp = mcp::McpTools::connect(&engine.contract, &engine.env.workspace, &|names| {
         engine.secret_env(names)
