@@ -166,15 +166,17 @@ impl Breakdown {
                      that only reads is one commit: its events wait in memory until the step \
                      ends, see `staged` in keel-engine); git_processes_per_step counts the git \
                      processes keel started between the first and last step; small artifacts \
-                     (the request, the reply, the step's output) go into the store's blobs \
-                     table in the same transaction, larger ones into fsynced files. Each part \
+                     (the request, the reply, the step's output) are stored in the row of the \
+                     commit's events (keel-store's `log` table), larger ones as fsynced files. Each part \
                      is then timed alone on the survey's workspace and store. \
                      store_commit_us_early and _late time one synthetic step's commit on a \
                      short run and on one with late_run_steps steps: a commit writes the \
-                     step's events, blobs and changed rows, and the projection (which holds \
+                     step's events and small artifacts (one `log` row) and changed rows, and the projection (which holds \
                      an agent phase's newest 32 steps) only now and then, so the two should \
                      be close. `rest` is what the parts do not explain: prompt assembly and \
-                     token counting, JSON, hashing, the policy check and the tool."
+                     token counting, JSON, hashing, the policy check and the tool (0 when the \
+                     synthetic commit, which compresses and hashes its own request, costs as \
+                     much as a whole step)."
         })
     }
 }

@@ -129,8 +129,10 @@ pub struct ScriptDriver {
     path: PathBuf,
     text: String,
     /// Where each action is in `text` (lines that are not blank or `#` comments, trimmed): one
-    /// allocation for the whole script, which a long run's may be a megabyte of.
-    lines: Vec<std::ops::Range<usize>>,
+    /// allocation for the whole script, which a long run's may be a megabyte of. Found at the
+    /// first model call: a resume that waits (for an answer, an approval) makes none, and
+    /// indexing a long run's script was most of such a resume's time.
+    lines: std::cell::OnceCell<Vec<std::ops::Range<usize>>>,
 }
 
 impl ScriptDriver {
@@ -141,20 +143,26 @@ impl ScriptDriver {
                 path.display()
             ))
         })?;
-        let mut lines = Vec::new();
-        let mut start = 0;
-        for line in text.split_inclusive('\n') {
-            let trimmed = line.trim();
-            if !trimmed.is_empty() && !trimmed.starts_with('#') {
-                let offset = start + (line.len() - line.trim_start().len());
-                lines.push(offset..offset + trimmed.len());
-            }
-            start += line.len();
-        }
         Ok(ScriptDriver {
             path: path.to_path_buf(),
             text,
-            lines,
+            lines: std::cell::OnceCell::new(),
+        })
+    }
+
+    fn lines(&self) -> &[std::ops::Range<usize>] {
+        self.lines.get_or_init(|| {
+            let mut lines = Vec::new();
+            let mut start = 0;
+            for line in self.text.split_inclusive('\n') {
+                let trimmed = line.trim();
+                if !trimmed.is_empty() && !trimmed.starts_with('#') {
+                    let offset = start + (line.len() - line.trim_start().len());
+                    lines.push(offset..offset + trimmed.len());
+                }
+                start += line.len();
+            }
+            lines
         })
     }
 }
@@ -170,7 +178,8 @@ impl Driver for ScriptDriver {
 
     fn send(&mut self, _request: &[u8], ctx: &SendContext<'_>) -> Result<Exchange, DriverError> {
         let index = usize::try_from(ctx.call_no.saturating_sub(1)).unwrap_or(usize::MAX);
-        match self.lines.get(index).and_then(|r| self.text.get(r.clone())) {
+        let lines = self.lines();
+        match lines.get(index).and_then(|r| self.text.get(r.clone())) {
             Some(line) => Ok(Exchange {
                 response: line.as_bytes().to_vec(),
                 retries: Vec::new(),
@@ -179,7 +188,7 @@ impl Driver for ScriptDriver {
             None => Err(DriverError(format!(
                 "the driver script {} has {} actions and this is model call {}: the script is used up",
                 self.path.display(),
-                self.lines.len(),
+                lines.len(),
                 ctx.call_no
             ))),
         }
@@ -391,7 +400,7 @@ mod tests {
         )
         .unwrap();
         let d = ScriptDriver::load(&path).unwrap();
-        let lines: Vec<&str> = d.lines.iter().map(|r| &d.text[r.clone()]).collect();
+        let lines: Vec<&str> = d.lines().iter().map(|r| &d.text[r.clone()]).collect();
         assert_eq!(lines, [r#"{"tool": "a"}"#, r#"{"tool": "b"}"#, "{}"]);
     }
 
@@ -400,7 +409,7 @@ mod tests {
         let d = ScriptDriver {
             path: "s.jsonl".into(),
             text: String::new(),
-            lines: vec![],
+            lines: std::cell::OnceCell::new(),
         };
         let r = d
             .parse(br#"{"tool": "read", "args": {"path": "a"}}"#)
