@@ -99,14 +99,15 @@ impl Outcome {
 }
 
 impl Engine<'_> {
-    fn agent_phase(&self, phase: u32) -> (String, Vec<String>, u64) {
+    /// An agent phase's objective, tools as the contract lists them, and step timeout.
+    fn agent_phase(&self, phase: u32) -> (&str, &[String], u64) {
         match self.contract.phases.get(phase as usize).map(|p| &p.kind) {
             Some(PhaseKind::Agent {
                 objective,
                 tools,
                 timeout_ms,
-            }) => (objective.clone(), tools.clone(), *timeout_ms),
-            _ => (String::new(), Vec::new(), 0),
+            }) => (objective, tools, *timeout_ms),
+            _ => ("", &[], 0),
         }
     }
 
@@ -121,6 +122,7 @@ impl Engine<'_> {
             return self.wait_for_answer(&q);
         }
         let (objective, _, timeout_ms) = self.agent_phase(id.phase);
+        let objective = objective.to_string();
         let tools = self.phase_tools(id.phase);
         let (tool_names, specs) = (&tools.names, &tools.specs);
         if self.run.in_progress.is_none() {
@@ -386,8 +388,7 @@ impl Engine<'_> {
         {
             return tools.clone();
         }
-        let (_, names, _) = self.agent_phase(phase);
-        let names = self.mcp.expand(&names);
+        let names = self.mcp.expand(self.agent_phase(phase).1);
         let specs = names.iter().filter_map(|t| self.spec_of(t)).collect();
         let tools = std::sync::Arc::new(PhaseTools {
             names,

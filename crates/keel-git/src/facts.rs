@@ -142,13 +142,10 @@ pub(crate) fn facts(root: &Path, git_dir: &Path) -> Result<Option<Arc<Facts>>, G
             .filter(|known| stamps(&known.sources).as_ref() == Some(&known.source_stamps))
             .cloned()
     };
-    if let Some(known) = known() {
-        return Ok(Some(known));
-    }
-    let _asking = ASKING.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(known) = known() {
-        return Ok(Some(known));
-    }
+    let _asking = match crate::known_or_turn(&ASKING, known) {
+        Ok(known) => return Ok(Some(known)),
+        Err(turn) => turn,
+    };
     // The stamps are taken before git reads the files: a change while it runs shows next time.
     let Ok(now) = clock(git_dir) else {
         return Ok(None);

@@ -123,16 +123,11 @@ impl Git {
             remove_orphaned_indexes(&git.git_dir);
             Some(git.with_excludes(exclude))
         };
-        if let Some(git) = known() {
-            return git;
-        }
         static ASKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let _asking = ASKING
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(git) = known() {
-            return git;
-        }
+        let _asking = match known_or_turn(&ASKING, known) {
+            Ok(git) => return git,
+            Err(turn) => turn,
+        };
         // One git process answers all three: the top of the working tree, the git directory
         // and the index file (relative to the directory git ran in).
         let dirs = Invocation::new(workdir).args([
@@ -1014,6 +1009,25 @@ fn normalize_exclude(path: &str) -> Result<String, GitError> {
         return Err(invalid("must name a path inside the working tree"));
     }
     Ok(parts.join("/"))
+}
+
+/// Single flight: what `known` gives, or else this thread's turn to ask git (the lock held
+/// while it asks), `known` asked again once the turn is had, as another thread may have asked
+/// meanwhile. Threads asking at once (a worker starting many runs) start one process.
+pub(crate) fn known_or_turn<T>(
+    asking: &std::sync::Mutex<()>,
+    known: impl Fn() -> Option<T>,
+) -> Result<T, std::sync::MutexGuard<'_, ()>> {
+    if let Some(answer) = known() {
+        return Ok(answer);
+    }
+    let turn = asking
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    match known() {
+        Some(answer) => Ok(answer),
+        None => Err(turn),
+    }
 }
 
 /// Removes the temporary index files (and their locks) and clock probes left by a keel process

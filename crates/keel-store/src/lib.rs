@@ -330,10 +330,22 @@ impl Store {
     /// events is searched for in every run's rows: with the run at hand,
     /// [`Store::read_run_artifact`] looks at its rows alone.
     pub fn read_artifact(&self, hash: &str, limit: usize) -> Result<Vec<u8>, StoreError> {
+        self.read_artifact_of(None, hash, limit)
+    }
+
+    /// An artifact's bytes (at most `limit`): one this connection is waiting to store, one
+    /// stored with the events of run `id` (of any run for `None`), one stored before schema 6,
+    /// or a file.
+    fn read_artifact_of(
+        &self,
+        id: Option<&str>,
+        hash: &str,
+        limit: usize,
+    ) -> Result<Vec<u8>, StoreError> {
         if let Some(bytes) = self.pending_blob(hash)? {
             return Ok(cut_to(bytes, limit));
         }
-        if let Some(bytes) = self.inline_blob(None, hash)? {
+        if let Some(bytes) = self.inline_blob(id, hash)? {
             return Ok(cut_to(bytes, limit));
         }
         match self.blob(hash)? {
@@ -1038,16 +1050,7 @@ impl Store {
         hash: &str,
         limit: usize,
     ) -> Result<Vec<u8>, StoreError> {
-        if let Some(bytes) = self.pending_blob(hash)? {
-            return Ok(cut_to(bytes, limit));
-        }
-        if let Some(bytes) = self.inline_blob(Some(id), hash)? {
-            return Ok(cut_to(bytes, limit));
-        }
-        match self.blob(hash)? {
-            Some(b) => Ok(cut_to(b, limit)),
-            None => self.artifacts.read(hash, limit),
-        }
+        self.read_artifact_of(Some(id), hash, limit)
     }
 
     /// Which of `hashes`, artifacts of run `id`, are missing or no longer match their hash: the

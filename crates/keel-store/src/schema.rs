@@ -210,15 +210,22 @@ pub(crate) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
 mod tests {
     use super::*;
 
-    #[test]
-    fn schema_4_moves_each_projection_into_its_own_table() {
+    /// A new database with the first `version` migrations applied (its directory lives as long
+    /// as the returned guard).
+    fn store_of_schema(version: usize) -> (tempfile::TempDir, std::path::PathBuf, Connection) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("keel.db");
         let conn = Connection::open(&path).unwrap();
-        for (i, migration) in MIGRATIONS.iter().take(3).enumerate() {
+        for (i, migration) in MIGRATIONS.iter().take(version).enumerate() {
             conn.execute_batch(&format!("{migration}; PRAGMA user_version = {};", i + 1))
                 .unwrap();
         }
+        (dir, path, conn)
+    }
+
+    #[test]
+    fn schema_4_moves_each_projection_into_its_own_table() {
+        let (_dir, path, conn) = store_of_schema(3);
         conn.execute(
             "INSERT INTO runs (id, contract_hash, state, reason, created_at, updated_at, \
              last_seq, last_hash, projection, projection_seq) \
@@ -260,13 +267,7 @@ mod tests {
     /// already stored read as they were; a new commit's artifacts go with its events.
     #[test]
     fn schema_6_moves_every_event_as_it_was_and_keeps_the_old_blobs() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("keel.db");
-        let conn = Connection::open(&path).unwrap();
-        for (i, migration) in MIGRATIONS.iter().take(4).enumerate() {
-            conn.execute_batch(&format!("{migration}; PRAGMA user_version = {};", i + 1))
-                .unwrap();
-        }
+        let (_dir, path, conn) = store_of_schema(4);
         let text = "a request that repeats itself. ".repeat(100);
         let old_blob = blake3::hash(text.as_bytes()).to_hex().to_string();
         conn.execute(
