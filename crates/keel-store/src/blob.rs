@@ -3,7 +3,7 @@
 //! two to four times; over a long run the requests are most of the store.
 //!
 //! Written compressed with LZ4 (`LZ4`: the decompressed length, four bytes little-endian, then
-//! one LZ4 block), which on this workplace's machines compresses a request about three times
+//! one LZ4 block), which on the benchmark's machine compresses a request about three times
 //! faster than zstd's fastest level did, for about two thirds of its saving: a step's prompt is
 //! compressed on the step's own time, and what it costs there is what matters. zstd frames
 //! (`ZSTD`, written by keel before) are still read.

@@ -2,13 +2,14 @@
 //! a run (schema 6), instead of a row per event and a row per artifact.
 //!
 //! A step's commit appends one row at the end of the table, and one entry to the `(run_id,
-//! first_seq)` index. With a row per event and per artifact a step's commit touched about 17
+//! last_seq)` index. With a row per event and per artifact a step's commit touched about 17
 //! pages (each table's and index's B-tree rebalancing as it grew, the artifacts' hash index at
 //! random places); a row holds the same in a few (see docs/performance.md).
 //!
 //! The `events` column is [`encode_events`]: a small header and each event's stored fields
 //! (sequence number, time, version, kind, body text, previous hash, hash) with their lengths,
-//! as one zstd frame when that saves room (`codec`). The `blobs` column holds the artifacts the
+//! compressed with LZ4 when that saves an eighth (`codec`, see `blob`; zstd frames written
+//! before are read). The `blobs` column holds the artifacts the
 //! commit stored ([`encode_blobs`]: each one's hash, its own codec and bytes), and
 //! `blob_hashes` their hashes alone, so a search for an artifact reads no blob. Decoding checks
 //! every length against what is there: damaged bytes give an error, never a panic or a read past
@@ -61,8 +62,8 @@ fn put(out: &mut Vec<u8>, bytes: &[u8]) {
 /// when that saves an eighth.
 pub fn pack(encoded: Vec<u8>) -> (i64, Vec<u8>) {
     match crate::blob::encode_from(&encoded, SMALLEST) {
-        (codec, std::borrow::Cow::Owned(frame)) => (codec, frame),
-        (codec, std::borrow::Cow::Borrowed(_)) => (codec, encoded),
+        (codec, Cow::Owned(frame)) => (codec, frame),
+        (codec, Cow::Borrowed(_)) => (codec, encoded),
     }
 }
 
