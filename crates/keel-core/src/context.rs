@@ -5,6 +5,8 @@
 //! important material goes first: older observations, then notes, then the plan's tail, then
 //! evidence excerpts are shortened; the harness rules, the goal and the objective stay.
 
+use std::fmt::Write as _;
+
 use crate::agent::{Prompt, ToolSpec};
 use crate::budget::BudgetName;
 use crate::contract::Contract;
@@ -112,24 +114,6 @@ const NOTES: &str = "\n## Notes\n";
 const OBSERVATIONS: &str = "\n## Recent observations (oldest first)\n";
 const CLOSING: &str = "\nDecide the next action and make it with tool calls.\n";
 
-/// Appends `n` in decimal.
-fn push_number(out: &mut String, n: usize) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut n = n;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for d in &digits[at..] {
-        out.push(char::from(*d));
-    }
-}
-
 /// Everything a prompt is made of, already selected from the run.
 #[derive(Clone)]
 struct Sections {
@@ -163,8 +147,8 @@ impl Sections {
         if !self.plan.is_empty() {
             out.push_str(PLAN);
             for (i, item) in self.plan.iter().enumerate() {
-                push_number(&mut out, i + 1);
-                out.push_str(". ");
+                // Writing into a String cannot fail.
+                let _ = write!(out, "{}. ", i + 1);
                 out.push_str(item);
                 out.push('\n');
             }
