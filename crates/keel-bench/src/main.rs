@@ -455,7 +455,9 @@ fn concurrent_figure(c: &concurrent::Concurrent) -> Value {
          with that many runs in flight; latency_bound_all_runs_at_once = runs / 0.05 s. \
          steps_per_s counts model answers over the wall time of all runs (run start, \
          verification and checkpoints included). peak_rss_mb is VmHWM after the runs, reset \
-         before them (peak_reset says whether the reset worked).",
+         before them (peak_reset says whether the reset worked). The token counter's BPE tables, \
+         built once per process, are built before the clock starts (tokenizer_build_ms), as a \
+         worker that has driven one run has them.",
     );
     f.insert("ratio".into(), json!(round3(ratio)));
     f.insert("runs".into(), json!(c.runs));
@@ -497,6 +499,27 @@ fn concurrent_figure(c: &concurrent::Concurrent) -> Value {
     f.insert("model_exchange_ms".into(), quantiles(&c.exchange_ms));
     f.insert("run_ms".into(), quantiles(&c.run_ms));
     f.insert("peak_reset".into(), json!(c.peak_reset));
+    f.insert(
+        "tokenizer_build_ms".into(),
+        json!(round1(c.tokenizer_build.as_secs_f64() * 1000.0)),
+    );
+    let small = c
+        .helper
+        .as_deref()
+        .and_then(|p| p.file_name())
+        .is_some_and(|name| name == keel_engine::SMALL_HELPER);
+    f.insert(
+        "sandbox_helper".into(),
+        json!({
+            "path": c.helper.as_ref().map(|p| p.display().to_string()),
+            "small": small,
+            "note": "The binary each confined command (the acceptance verifier) was started \
+                     with: keel-sandbox-helper when one of the same build is beside keel-bench \
+                     (`cargo build --release -p keel-cli` puts it there, as installing keel \
+                     installs it beside keel), else keel-bench itself re-executed, whose start \
+                     costs more CPU.",
+        }),
+    );
     f.insert(
         "failures".into(),
         json!(c.failures.iter().take(5).collect::<Vec<_>>()),

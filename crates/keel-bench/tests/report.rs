@@ -81,6 +81,16 @@ fn the_quick_report_is_json_with_every_figure() {
     assert!(report["prompt_tokens"]["value"]["step_20"].is_number());
     assert!(report["concurrent_runs"]["value"]["steps_per_s"].is_number());
     assert_eq!(report["concurrent_runs"]["completed"], 6, "{report:#}");
+    assert!(report["concurrent_runs"]["tokenizer_build_ms"].is_number());
+    // The acceptance verifiers ran in the sandbox, through the helper the report names.
+    let helper = &report["concurrent_runs"]["sandbox_helper"];
+    let path = std::path::Path::new(helper["path"].as_str().unwrap());
+    assert!(path.is_file(), "{helper}");
+    assert_eq!(
+        helper["small"],
+        path.file_name().unwrap() == "keel-sandbox-helper",
+        "{helper}"
+    );
     for key in [
         "commits_per_step_at_most",
         "git_processes_per_step",

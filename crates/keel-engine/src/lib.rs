@@ -19,7 +19,7 @@ mod mcp;
 mod process;
 pub mod secrets;
 
-pub use process::{sandbox_main, set_sandbox_helper};
+pub use process::{SMALL_HELPER, choose_helper, sandbox_helper, sandbox_main, set_sandbox_helper};
 pub mod worker;
 
 use std::path::{Path, PathBuf};

@@ -188,8 +188,18 @@ fn spawn_and_wait(
 /// `keel_sandbox::enter_if_helper()` first.
 static HELPER: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
 
+/// The helper commands are started with: chosen once, at the first confined command, by
+/// [`choose_helper`].
+static CHOSEN: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// The small helper binary keel looks for beside the program (keel-cli builds and installs it
+/// with `keel`).
+pub const SMALL_HELPER: &str = "keel-sandbox-helper";
+
 /// Makes `helper` (normally `std::env::current_exe()`) the sandbox helper of this process. Its
-/// `main` must call `keel_sandbox::enter_if_helper()` before anything else.
+/// `main` must call `keel_sandbox::enter_if_helper()` before anything else. A
+/// `keel-sandbox-helper` of the same build beside it is used in its place (see
+/// [`choose_helper`]).
 pub fn set_sandbox_helper(helper: std::path::PathBuf) {
     let _ = HELPER.set(helper);
 }
@@ -201,6 +211,31 @@ pub fn sandbox_main() {
     keel_sandbox::enter_if_helper();
     if let Ok(exe) = std::env::current_exe() {
         set_sandbox_helper(exe);
+    }
+}
+
+/// The binary confined commands are started with, once chosen (at the first one): the small
+/// `keel-sandbox-helper` or the program itself. `None` before the first confined command or
+/// in a process without a helper.
+pub fn sandbox_helper() -> Option<&'static std::path::Path> {
+    CHOSEN.get().map(|p| p.as_path())
+}
+
+/// The helper of this process, chosen at the first call.
+fn helper() -> Option<&'static std::path::Path> {
+    let own = HELPER.get()?;
+    Some(CHOSEN.get_or_init(|| choose_helper(own)).as_path())
+}
+
+/// `keel-sandbox-helper` in the directory of `own` when it is a helper of this very build
+/// ([`keel_sandbox::is_helper_of_this_build`], one short process), else `own` itself. Both confine a command
+/// alike; the small binary starts with far less work (a large program's start, its pages
+/// mapped and its relocations applied, is most of a short confined command's cost). A missing,
+/// foreign or stale helper is passed over, never used.
+pub fn choose_helper(own: &std::path::Path) -> std::path::PathBuf {
+    match own.parent().map(|dir| dir.join(SMALL_HELPER)) {
+        Some(small) if small != own && keel_sandbox::is_helper_of_this_build(&small) => small,
+        _ => own.to_path_buf(),
     }
 }
 
@@ -285,7 +320,7 @@ impl Confinement {
         if !settings.enabled {
             return Ok(Confinement::off(workspace));
         }
-        let helper = HELPER.get().ok_or_else(|| {
+        let helper = helper().ok_or_else(|| {
             "the sandbox helper is not available in this process (a program that drives runs \
              calls keel_sandbox::enter_if_helper() and keel_engine::set_sandbox_helper() first \
              in main); or set [sandbox] mode = \"off\" to run commands unconfined"
@@ -328,7 +363,7 @@ impl Confinement {
             processes: Some(settings.processes),
         };
         let confinement = Confinement {
-            sandbox: Some(keel_sandbox::Sandbox::new(helper.clone())),
+            sandbox: Some(keel_sandbox::Sandbox::new(helper)),
             workspace: workspace.to_path_buf(),
             writable,
             hidden,

@@ -18,8 +18,8 @@ use serde::Deserialize;
 
 use crate::error::SandboxError;
 use crate::{
-    MESSAGE_PREFIX, REFUSED_EXIT_CODE, REQUEST_VAR, Request, STAGE1_MARKER, cgroup, check_policy,
-    rules,
+    BUILD, BUILD_MARKER, MESSAGE_PREFIX, REFUSED_EXIT_CODE, REQUEST_VAR, Request, STAGE1_MARKER,
+    cgroup, check_policy, rules,
 };
 
 /// What stage 1 hands to stage 2 (its fork).
@@ -37,14 +37,30 @@ struct Stage2 {
 /// Call first thing in `main`, before any thread is started. If this process is the sandbox
 /// helper (`argv[1]` is `__keel-sandbox` or its second stage), it never returns: it applies the
 /// policy and becomes the command, or writes `keel-sandbox: <why>` to stderr and exits
-/// [`REFUSED_EXIT_CODE`] (125). Otherwise it returns at once.
+/// [`REFUSED_EXIT_CODE`] (125). With `argv[1]` `__keel-sandbox-build` it prints [`BUILD`]
+/// (what [`is_helper_of_this_build`](crate::is_helper_of_this_build) reads) and exits 0. Otherwise it returns at once.
 pub fn enter_if_helper() {
     let mut args = std::env::args_os();
     let _ = args.next();
     match args.next() {
         Some(a) if a == STAGE1_MARKER => stage1(),
+        Some(a) if a == BUILD_MARKER => {
+            println!("{BUILD:016x}");
+            std::process::exit(0)
+        }
         _ => {}
     }
+}
+
+/// The whole `main` of a binary that is only the sandbox helper (keel's `keel-sandbox-helper`):
+/// [`enter_if_helper`], and when this process was not started as the helper, a message naming
+/// `name` on stderr and exit code 2.
+pub fn helper_main(name: &str) -> ! {
+    enter_if_helper();
+    eprintln!(
+        "{name}: not a sandbox helper invocation (it is started by keel to confine a command)"
+    );
+    std::process::exit(2)
 }
 
 fn read_env<T: for<'de> Deserialize<'de>>() -> Result<T, SandboxError> {
@@ -77,6 +93,18 @@ fn stage1() -> ! {
         Err(e) => refuse(None, &e),
     };
     let mut report = open_report(&request);
+    if request.build != BUILD {
+        let exe = std::env::current_exe().unwrap_or_default();
+        refuse(
+            report.as_mut(),
+            &SandboxError::BadRequest(format!(
+                "the helper {} was built from other keel-sandbox source ({BUILD:016x}) than the \
+                 program that started it ({:016x}): build or install them together",
+                exe.display(),
+                request.build
+            )),
+        );
+    }
     // When the process that started it dies (keel killed by SIGKILL included), stage 1 gets
     // SIGTERM: it kills stage 2, and with it the command, and notes the end before it exits
     // (stage 2 and the command die with stage 1 in any case). It sets this itself, after exec,

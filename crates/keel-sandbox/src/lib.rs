@@ -111,7 +111,7 @@ use std::process::Command;
 use serde::{Deserialize, Serialize};
 
 pub use error::SandboxError;
-pub use helper::enter_if_helper;
+pub use helper::{enter_if_helper, helper_main};
 
 /// The exit code of the helper when the sandbox refused to start the command.
 pub const REFUSED_EXIT_CODE: i32 = 125;
@@ -121,8 +121,55 @@ pub const MESSAGE_PREFIX: &str = "keel-sandbox: ";
 
 /// `argv[1]` of the helper's first stage.
 pub(crate) const STAGE1_MARKER: &str = "__keel-sandbox";
+/// `argv[1]` that makes the helper print [`BUILD`] (16 hex digits and a newline) and exit 0.
+pub(crate) const BUILD_MARKER: &str = "__keel-sandbox-build";
 /// The environment variable that carries the request to the helper (never to the command).
 pub(crate) const REQUEST_VAR: &str = "KEEL_SANDBOX_REQUEST";
+
+/// What a helper and the program that starts it must agree on: a hash (FNV-1a) of this crate's
+/// own source and manifest, computed at compile time. Two binaries built from the same
+/// keel-sandbox have the same `BUILD`; a helper left from an older build has another, and
+/// [`is_helper_of_this_build`] says so before it is used (and the helper refuses a request of another build).
+pub const BUILD: u64 = fnv1a(&[
+    include_bytes!("lib.rs"),
+    include_bytes!("helper.rs"),
+    include_bytes!("rules.rs"),
+    include_bytes!("cgroup.rs"),
+    include_bytes!("error.rs"),
+    include_bytes!("../Cargo.toml"),
+]);
+
+const fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut i = 0;
+    while i < parts.len() {
+        let part = parts[i];
+        let mut j = 0;
+        while j < part.len() {
+            hash ^= part[j] as u64;
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+            j += 1;
+        }
+        i += 1;
+    }
+    hash
+}
+
+/// Whether `helper` is a sandbox helper of this very build: runs it once as
+/// `<helper> __keel-sandbox-build` (empty environment, no input) and compares what it prints
+/// with [`BUILD`]. False for a missing or non-executable file, a program that is not a helper,
+/// and a helper of another build. A program that can re-execute itself uses this to prefer a
+/// small helper binary, whose start costs far less than its own.
+pub fn is_helper_of_this_build(helper: &Path) -> bool {
+    let output = Command::new(helper)
+        .arg(BUILD_MARKER)
+        .env_clear()
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output();
+    matches!(output, Ok(out) if out.status.success() && out.stdout == format!("{BUILD:016x}\n").as_bytes())
+}
 
 /// The lowest Landlock ABI the sandbox accepts: ABI 3 is the first that handles truncation.
 pub const MIN_LANDLOCK_ABI: u8 = 3;
@@ -191,6 +238,9 @@ pub(crate) struct Request {
     /// [`Sandbox::command_noting_end`]).
     #[serde(default)]
     pub ended: Option<PathBuf>,
+    /// The starting program's [`BUILD`]: a helper of another build refuses the request.
+    #[serde(default)]
+    pub build: u64,
 }
 
 impl Request {
@@ -260,6 +310,7 @@ impl Sandbox {
             private: private.root().to_path_buf(),
             parent: std::process::id(),
             ended: ended.map(Path::to_path_buf),
+            build: BUILD,
         };
         let json = serde_json::to_string(&request).map_err(SandboxError::Serialize)?;
         let mut cmd = Command::new(&self.helper);

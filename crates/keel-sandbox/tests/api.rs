@@ -108,3 +108,77 @@ fn a_helper_entered_after_a_thread_started_refuses_to_fork() {
     );
     assert!(!f.ws.join("ran").exists());
 }
+
+#[test]
+fn a_helper_says_its_build_and_only_a_helper_of_this_build_passes_the_check() {
+    let helper = std::path::Path::new(env!("CARGO_BIN_EXE_keel-sandbox-test-helper"));
+    let out = std::process::Command::new(helper)
+        .arg("__keel-sandbox-build")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        format!("{:016x}\n", keel_sandbox::BUILD)
+    );
+    assert!(keel_sandbox::is_helper_of_this_build(helper));
+
+    let dir = tempfile::tempdir().unwrap();
+    // Not a helper at all, a helper of another build, a missing file, a file that cannot run.
+    let other = dir.path().join("other-build");
+    std::fs::write(&other, "#!/bin/sh\necho 0123456789abcdef\n").unwrap();
+    let not_helper = dir.path().join("not-helper");
+    std::fs::write(&not_helper, "#!/bin/sh\nexit 0\n").unwrap();
+    let not_executable = dir.path().join("not-executable");
+    std::fs::copy(helper, &not_executable).unwrap();
+    for script in [&other, &not_helper] {
+        std::fs::set_permissions(script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+    }
+    std::fs::set_permissions(
+        &not_executable,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    for path in [
+        other,
+        not_helper,
+        not_executable,
+        dir.path().join("missing"),
+        "/bin/true".into(),
+    ] {
+        assert!(
+            !keel_sandbox::is_helper_of_this_build(&path),
+            "{}",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn a_helper_refuses_a_request_from_another_build() {
+    let f = Fixture::new();
+    let policy = f.sh("touch ran");
+    let (mut cmd, tmp) = common::sandbox().command(&policy).unwrap();
+    let request = cmd
+        .get_envs()
+        .find(|(k, _)| *k == "KEEL_SANDBOX_REQUEST")
+        .and_then(|(_, v)| v)
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    let mut request: serde_json::Value = serde_json::from_str(&request).unwrap();
+    assert_eq!(request["build"], keel_sandbox::BUILD);
+    request["build"] = serde_json::json!(keel_sandbox::BUILD ^ 1);
+    cmd.env("KEEL_SANDBOX_REQUEST", request.to_string());
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(REFUSED_EXIT_CODE), "{out:?}");
+    let refusal = tmp.refusal().unwrap();
+    assert!(
+        refusal.contains("built from other keel-sandbox source")
+            && refusal.contains("build or install them together"),
+        "{refusal}"
+    );
+    assert!(!f.ws.join("ran").exists());
+}

@@ -18,7 +18,7 @@ pub const GRACE: Duration = Duration::from_secs(2);
 pub const LONG: Duration = Duration::from_secs(120);
 
 pub fn sandbox() -> Sandbox {
-    Sandbox::new(env!("CARGO_BIN_EXE_keel-sandbox-helper"))
+    Sandbox::new(env!("CARGO_BIN_EXE_keel-sandbox-test-helper"))
 }
 
 pub fn python() -> String {
