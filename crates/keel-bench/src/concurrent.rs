@@ -46,6 +46,8 @@ pub struct Concurrent {
     pub exchange_ms: Vec<u64>,
     /// How long each run took, from its start to its end, in ms, sorted.
     pub run_ms: Vec<u64>,
+    /// Where a run's time goes outside its model calls.
+    pub timeline: Timeline,
     /// The binary the runs' confined commands were started with (keel-engine's choice).
     pub helper: Option<std::path::PathBuf>,
     /// Building the token counter's BPE tables, once per process, before the clock started.
@@ -126,6 +128,7 @@ pub fn measure(
     let commits_after = watch.shared_commit_stats();
     server.stop();
     let (mut exchange_ms, mut run_ms) = (Vec::new(), Vec::new());
+    let mut timeline = Timeline::default();
     for run in watch.runs()? {
         let events = watch.events_from(&run.id, 1)?;
         for e in &events {
@@ -138,9 +141,11 @@ pub fn measure(
         if let (Some(first), Some(last)) = (events.first(), events.last()) {
             run_ms.push(u64::try_from(last.at_ms - first.at_ms).unwrap_or(0));
         }
+        timeline.add(&events);
     }
     exchange_ms.sort_unstable();
     run_ms.sort_unstable();
+    timeline.sort();
     Ok(Concurrent {
         runs,
         pool: pool.min(runs),
@@ -163,9 +168,65 @@ pub fn measure(
         },
         exchange_ms,
         run_ms,
+        timeline,
         helper: keel_engine::sandbox_helper().map(Path::to_path_buf),
         tokenizer_build,
     })
+}
+
+/// The gaps of each run's log between its model calls, in ms, each sorted: what keel's own
+/// work (and the wait for a CPU among the pool's threads) adds to the model's latency.
+#[derive(Default)]
+pub struct Timeline {
+    /// From the run's first event to its first `model_requested`: the run's start (contract,
+    /// lease, workspace, first prompt).
+    pub to_first_request: Vec<u64>,
+    /// From a `model_replied` to the next `model_requested`: a step's commit and the next
+    /// step's prompt.
+    pub between_calls: Vec<u64>,
+    /// From the last `model_replied` to the run's last event: the finish, the acceptance
+    /// verifier in the sandbox, the checkpoint and `completed`.
+    pub after_last_reply: Vec<u64>,
+    /// The acceptance verifier's command in the sandbox, from its start to its end
+    /// (`duration_ms` of its evidence): the larger part of `after_last_reply`.
+    pub verifier_command: Vec<u64>,
+}
+
+impl Timeline {
+    fn add(&mut self, events: &[keel_store::StoredEvent]) {
+        let gap = |from: i64, to: i64| u64::try_from(to - from).unwrap_or(0);
+        let (Some(first), Some(last)) = (events.first(), events.last()) else {
+            return;
+        };
+        let mut replied: Option<i64> = None;
+        for e in events {
+            match e.kind.as_str() {
+                "model_requested" => match replied {
+                    None => self.to_first_request.push(gap(first.at_ms, e.at_ms)),
+                    Some(at) => self.between_calls.push(gap(at, e.at_ms)),
+                },
+                "model_replied" => replied = Some(e.at_ms),
+                "evidence_recorded" => {
+                    if let Ok(keel_core::event::EventBody::EvidenceRecorded { evidence }) =
+                        e.decode().map(|d| d.body)
+                    {
+                        self.verifier_command.push(evidence.duration_ms);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(at) = replied {
+            self.after_last_reply.push(gap(at, last.at_ms));
+        }
+    }
+
+    fn sort(&mut self) {
+        self.to_first_request.sort_unstable();
+        self.between_calls.sort_unstable();
+        self.after_last_reply.sort_unstable();
+        self.verifier_command.sort_unstable();
+    }
 }
 
 fn drive(store: &mut Store, contract_path: &Path, actor: &Actor) -> Result<RunState> {

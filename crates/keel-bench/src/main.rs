@@ -457,7 +457,10 @@ fn concurrent_figure(c: &concurrent::Concurrent) -> Value {
          verification and checkpoints included). peak_rss_mb is VmHWM after the runs, reset \
          before them (peak_reset says whether the reset worked). The token counter's BPE tables, \
          built once per process, are built before the clock starts (tokenizer_build_ms), as a \
-         worker that has driven one run has them.",
+         worker that has driven one run has them. run_gaps_ms: each run's log between its \
+         model calls (its start before the first, a step's end and the next prompt between \
+         two, and after the last the finish, the acceptance verifier, whose command alone is \
+         verifier_command, the checkpoint and completed).",
     );
     f.insert("ratio".into(), json!(round3(ratio)));
     f.insert("runs".into(), json!(c.runs));
@@ -498,6 +501,15 @@ fn concurrent_figure(c: &concurrent::Concurrent) -> Value {
     };
     f.insert("model_exchange_ms".into(), quantiles(&c.exchange_ms));
     f.insert("run_ms".into(), quantiles(&c.run_ms));
+    f.insert(
+        "run_gaps_ms".into(),
+        json!({
+            "to_first_request": quantiles(&c.timeline.to_first_request),
+            "between_calls": quantiles(&c.timeline.between_calls),
+            "after_last_reply": quantiles(&c.timeline.after_last_reply),
+            "verifier_command": quantiles(&c.timeline.verifier_command),
+        }),
+    );
     f.insert("peak_reset".into(), json!(c.peak_reset));
     f.insert(
         "tokenizer_build_ms".into(),

@@ -82,6 +82,16 @@ fn the_quick_report_is_json_with_every_figure() {
     assert!(report["concurrent_runs"]["value"]["steps_per_s"].is_number());
     assert_eq!(report["concurrent_runs"]["completed"], 6, "{report:#}");
     assert!(report["concurrent_runs"]["tokenizer_build_ms"].is_number());
+    // Each run's gaps between its model calls, and its one acceptance verifier.
+    let gaps = &report["concurrent_runs"]["run_gaps_ms"];
+    for (key, n) in [
+        ("to_first_request", 6),
+        ("between_calls", 6 * 4),
+        ("after_last_reply", 6),
+        ("verifier_command", 6),
+    ] {
+        assert_eq!(gaps[key]["n"], n, "{key}: {gaps}");
+    }
     // The acceptance verifiers ran in the sandbox, through the helper the report names.
     let helper = &report["concurrent_runs"]["sandbox_helper"];
     let path = std::path::Path::new(helper["path"].as_str().unwrap());

@@ -8,7 +8,6 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use nix::sys::resource::{UsageWho, getrusage};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
@@ -57,15 +56,28 @@ pub struct Outcome {
     pub cpu_ms: u64,
 }
 
-fn cpu_ms_of_children() -> u64 {
-    getrusage(UsageWho::RUSAGE_CHILDREN)
-        .map(|u| {
-            let ms = |t: nix::sys::time::TimeVal| {
-                (t.tv_sec() as u64).saturating_mul(1000) + (t.tv_usec() as u64) / 1000
-            };
-            ms(u.user_time()) + ms(u.system_time())
-        })
-        .unwrap_or(0)
+/// Waits for `child` and returns how it ended with the CPU time (user and system, in ms) that it
+/// and the descendants it waited for used: `wait4`'s own account of that one child. (The
+/// process-wide `RUSAGE_CHILDREN` would also count every other child that ended meanwhile,
+/// such as the commands of other runs this process drives: a run's compute budget would be
+/// charged for them.)
+fn wait_with_cpu(
+    child: &mut std::process::Child,
+) -> std::io::Result<(std::process::ExitStatus, u64)> {
+    use wait4::Wait4;
+    loop {
+        match child.wait4() {
+            Ok(done) => {
+                let cpu = done.rusage.utime + done.rusage.stime;
+                return Ok((
+                    done.status,
+                    u64::try_from(cpu.as_millis()).unwrap_or(u64::MAX),
+                ));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Runs `sh -c command` in `dir`, unconfined, output (stdout and stderr together) to `output`,
@@ -133,14 +145,13 @@ fn spawn_and_wait(
     // `keel_git::spawn::dying_with_keel`, the sandbox helper by itself after exec (both are
     // started without a fork, which would copy keel's memory map).
     cmd.stdin(stdin).stdout(out).stderr(err).process_group(0);
-    let cpu_before = cpu_ms_of_children();
     let started = Instant::now();
     let mut child = cmd.spawn()?;
     let pgid = Pid::from_raw(child.id() as i32);
     fault::point("command running");
     let (tx, rx) = mpsc::channel();
     let waiter = std::thread::spawn(move || {
-        let _ = tx.send(child.wait());
+        let _ = tx.send(wait_with_cpu(&mut child));
     });
     let mut timed_out = false;
     let status = match rx.recv_timeout(timeout) {
@@ -161,9 +172,8 @@ fn spawn_and_wait(
     // leave processes behind that change the workspace later.
     let _ = killpg(pgid, Signal::SIGKILL);
     let _ = waiter.join();
-    let status = status?;
+    let (status, cpu_ms) = status?;
     let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    let cpu_ms = cpu_ms_of_children().saturating_sub(cpu_before);
     let described = if timed_out {
         format!("timed out after {}", humanise(timeout))
     } else if let Some(code) = status.code() {
@@ -498,6 +508,49 @@ mod tests {
         assert_eq!(o.status, "exit 3");
         let text = std::fs::read_to_string(out).unwrap();
         assert!(text.contains("hello") && text.contains("oops"));
+    }
+
+    #[test]
+    fn a_commands_cpu_is_its_own_not_that_of_commands_that_end_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let go = dir.path().join("go");
+        nix::unistd::mkfifo(&go, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let started = dir.path().join("started");
+        // `waiting` starts first and blocks, using no CPU, until told to end; `busy` burns CPU
+        // and ends (and is reaped) while `waiting` still runs.
+        let waiting = std::thread::spawn({
+            let dir = dir.path().to_path_buf();
+            move || {
+                run_shell(
+                    "touch started; read line < go",
+                    &dir,
+                    &[],
+                    &dir.join("waiting.out"),
+                    Duration::from_secs(600),
+                )
+                .unwrap()
+            }
+        });
+        while !started.exists() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let busy = run_shell(
+            "i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done",
+            dir.path(),
+            &[],
+            &dir.path().join("busy.out"),
+            Duration::from_secs(600),
+        )
+        .unwrap();
+        std::fs::write(&go, "end\n").unwrap();
+        let waiting = waiting.join().unwrap();
+        assert!(busy.success && waiting.success, "{busy:?} {waiting:?}");
+        // A shell loop of 400,000 rounds takes a good fraction of a second of CPU anywhere.
+        assert!(busy.cpu_ms >= 50, "{busy:?}");
+        assert!(
+            waiting.cpu_ms * 4 < busy.cpu_ms,
+            "the waiting command was charged the busy one's CPU: {waiting:?} {busy:?}"
+        );
     }
 
     #[test]
