@@ -338,6 +338,10 @@ impl Git {
     /// `refname` at it, creating or moving it. The author and committer are always
     /// "keel <keel@localhost>"; no signing, no hooks. Returns the commit id.
     ///
+    /// When `parent`'s own tree is `tree` (nothing changed since that commit), no commit is
+    /// made: `refname` points at `parent`, which is then the snapshot, and `message` is not
+    /// kept (keel's log has it). A checkpoint of a clean working tree writes no object.
+    ///
     /// `refname` must be a full ref name under `refs/` and not the checked-out branch: a
     /// snapshot never moves the user's HEAD or branch.
     pub fn snapshot(
@@ -371,6 +375,14 @@ impl Git {
         let commit = match self.in_process_snapshot(tree, parent, message)? {
             Some(commit) => commit,
             None => {
+                // Whatever git cannot tell here, commit-tree reports in its own words below.
+                if let Some(parent) = parent
+                    && let Ok(Some(parent_tree)) = self.resolve(&format!("{parent}^{{tree}}"))
+                    && parent_tree == tree
+                {
+                    self.update_ref(refname, parent)?;
+                    return Ok(parent.to_string());
+                }
                 let mut commit_tree = self
                     .git()
                     .args(["commit-tree", tree])
@@ -422,6 +434,11 @@ impl Git {
         let known = |id: &str| object::present(&objects, id) == Some(true);
         if !known(tree) || parent.is_some_and(|p| !is_object_id(p) || !known(p)) {
             return Ok(None);
+        }
+        if let Some(parent) = parent
+            && object::commit_tree(&objects, parent).as_deref() == Some(tree)
+        {
+            return Ok(Some(parent.to_string()));
         }
         let secs = SystemTime::now()
             .duration_since(UNIX_EPOCH)

@@ -112,6 +112,95 @@ pub(crate) fn present(objects: &Path, id: &str) -> Option<bool> {
     Some(false)
 }
 
+/// The tree of the commit `id` in `objects`, read from its loose object or from a pack where it
+/// is stored whole: `None` when it is not a commit, is stored as a delta, or is anywhere this
+/// does not read (an alternate store, a pack index of another version).
+pub(crate) fn commit_tree(objects: &Path, id: &str) -> Option<String> {
+    if id.len() != 40 {
+        return None;
+    }
+    let head = match fs::File::open(objects.join(&id[..2]).join(&id[2..])) {
+        // A loose object is `commit <length>\0<body>`, zlib-compressed.
+        Ok(file) => {
+            let mut text = inflated_start(file, 7 + 20 + 1 + 46)?;
+            let nul = text.iter().position(|b| *b == 0)?;
+            if !text.starts_with(b"commit ") {
+                return None;
+            }
+            text.drain(..=nul);
+            text
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => packed_commit_start(objects, id)?,
+        Err(_) => return None,
+    };
+    // A commit's body starts `tree <40 hex>\n`.
+    let line = head.strip_prefix(b"tree ")?.get(..41)?;
+    let (tree, newline) = line.split_at(40);
+    let tree = std::str::from_utf8(tree).ok()?;
+    (newline == b"\n" && unhex(tree).is_some()).then(|| tree.to_string())
+}
+
+/// The first `len` bytes (or fewer, if the stream is shorter) of the zlib stream `reader` is at.
+fn inflated_start(reader: impl Read, len: usize) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(len);
+    flate2::read::ZlibDecoder::new(reader)
+        .take(len as u64)
+        .read_to_end(&mut out)
+        .ok()?;
+    Some(out)
+}
+
+/// The start of the body of commit `id` from a pack that stores it whole (type 1, not a delta).
+fn packed_commit_start(objects: &Path, id: &str) -> Option<Vec<u8>> {
+    let wanted = unhex(id)?;
+    for entry in fs::read_dir(objects.join("pack")).ok()? {
+        let path = entry.ok()?.path();
+        if path.extension().is_none_or(|ext| ext != "idx") {
+            continue;
+        }
+        let Some(offset) = pack_offset(&path, &wanted) else {
+            continue;
+        };
+        let mut pack = io::BufReader::new(fs::File::open(path.with_extension("pack")).ok()?);
+        pack.seek(SeekFrom::Start(offset)).ok()?;
+        // The entry's header: type in bits 4-6 of the first byte, then the size, 7 bits a byte
+        // while the top bit is set.
+        let mut byte = [0u8; 1];
+        pack.read_exact(&mut byte).ok()?;
+        if (byte[0] >> 4) & 7 != 1 {
+            return None;
+        }
+        while byte[0] & 0x80 != 0 {
+            pack.read_exact(&mut byte).ok()?;
+        }
+        return inflated_start(pack, 46);
+    }
+    None
+}
+
+/// The offset in its pack of the object `wanted` listed in the version-2 pack index `path`.
+fn pack_offset(path: &Path, wanted: &[u8; 20]) -> Option<u64> {
+    let file = fs::File::open(path).ok()?;
+    let position = index_position(&file, wanted)??;
+    let word = |at: u64| -> Option<u32> {
+        let mut word = [0u8; 4];
+        file.read_exact_at(&mut word, at).ok()?;
+        Some(u32::from_be_bytes(word))
+    };
+    // After the header and fan-out: the names (20 bytes each), their CRCs (4), their offsets
+    // (4; with the top bit set, an index into the table of 8-byte offsets that follows).
+    let count = u64::from(word(8 + 4 * 255)?);
+    let offsets = 8 + 4 * 256 + 24 * count;
+    let offset = word(offsets + 4 * position)?;
+    if offset & 0x8000_0000 == 0 {
+        return Some(u64::from(offset));
+    }
+    let mut large = [0u8; 8];
+    let at = offsets + 4 * count + 8 * u64::from(offset & 0x7fff_ffff);
+    file.read_exact_at(&mut large, at).ok()?;
+    Some(u64::from_be_bytes(large))
+}
+
 fn unhex(id: &str) -> Option<[u8; 20]> {
     let mut out = [0u8; 20];
     for (i, pair) in id.as_bytes().chunks(2).enumerate() {
@@ -122,13 +211,20 @@ fn unhex(id: &str) -> Option<[u8; 20]> {
     Some(out)
 }
 
-/// Looks `wanted` up in a version-2 pack index (`\377tOc`, version 2, a fan-out table of 256
-/// counts, then the sorted object names), reading only the fan-out and the names a binary
-/// search visits. `None` for any other version or a short file.
+/// Whether the version-2 pack index `path` lists `wanted`; `None` for any other version or a
+/// short file.
 fn in_pack_index(path: &Path, wanted: &[u8; 20]) -> Option<bool> {
-    let mut file = fs::File::open(path).ok()?;
+    let file = fs::File::open(path).ok()?;
+    Some(index_position(&file, wanted)?.is_some())
+}
+
+/// The position of `wanted` among the sorted names of the version-2 pack index `file`
+/// (`\377tOc`, version 2, a fan-out table of 256 counts, then the sorted object names), reading
+/// only the fan-out and the names a binary search visits: `Some(None)` when it is not there,
+/// `None` for another version or a file that cannot be read.
+fn index_position(file: &fs::File, wanted: &[u8; 20]) -> Option<Option<u64>> {
     let mut header = [0u8; 8];
-    file.read_exact(&mut header).ok()?;
+    file.read_exact_at(&mut header, 0).ok()?;
     if header != [0xff, b't', b'O', b'c', 0, 0, 0, 2] {
         return None;
     }
@@ -146,15 +242,14 @@ fn in_pack_index(path: &Path, wanted: &[u8; 20]) -> Option<bool> {
     let mut name = [0u8; 20];
     while low < high {
         let middle = low + (high - low) / 2;
-        file.seek(SeekFrom::Start(names + 20 * middle)).ok()?;
-        file.read_exact(&mut name).ok()?;
+        file.read_exact_at(&mut name, names + 20 * middle).ok()?;
         match name.cmp(wanted) {
-            std::cmp::Ordering::Equal => return Some(true),
+            std::cmp::Ordering::Equal => return Some(Some(middle)),
             std::cmp::Ordering::Less => low = middle + 1,
             std::cmp::Ordering::Greater => high = middle,
         }
     }
-    Some(false)
+    Some(None)
 }
 
 /// Points the loose ref `refname` (a full name under `refs/`) of `git_dir` at `id`, as
@@ -265,5 +360,59 @@ mod tests {
         assert!(!packed_conflict(dir.path(), "refs/keel/rr/1").unwrap());
         assert!(!packed_conflict(dir.path(), "refs/heads/main").unwrap());
         assert!(!packed_conflict(dir.path(), "refs/keel/s/1").unwrap());
+    }
+
+    #[test]
+    fn a_commits_tree_is_read_from_its_loose_object_and_from_a_pack() {
+        let dir = tempfile::tempdir().unwrap();
+        let git = |args: &[&str]| {
+            let out = std::process::Command::new("git")
+                .args([
+                    "-c",
+                    "user.name=t",
+                    "-c",
+                    "user.email=t@t",
+                    "-c",
+                    "gc.auto=0",
+                ])
+                .args(args)
+                .current_dir(dir.path())
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+            String::from_utf8(out.stdout).unwrap().trim().to_string()
+        };
+        git(&["init", "-q"]);
+        let mut commits = Vec::new();
+        for n in 0..20 {
+            fs::write(dir.path().join(format!("f{}", n % 3)), format!("{n}\n")).unwrap();
+            git(&["add", "-A"]);
+            git(&["commit", "-q", "-m", &format!("commit {n}")]);
+            let id = git(&["rev-parse", "HEAD"]);
+            commits.push((id.clone(), git(&["rev-parse", &format!("{id}^{{tree}}")])));
+        }
+        let objects = dir.path().join(".git/objects");
+        let (head, head_tree) = commits.last().cloned().unwrap();
+        for packed in [false, true] {
+            if packed {
+                git(&["gc", "-q", "--prune=now"]);
+                assert!(!objects.join(&head[..2]).join(&head[2..]).exists());
+            }
+            for (commit, tree) in &commits {
+                // A commit a pack stores as a delta is not read (None), never misread.
+                let read = commit_tree(&objects, commit);
+                assert!(
+                    read.is_none() || read.as_ref() == Some(tree),
+                    "{commit}: {read:?}"
+                );
+            }
+            assert_eq!(commit_tree(&objects, &head), Some(head_tree.clone()));
+            assert_eq!(
+                commit_tree(&objects, &head_tree),
+                None,
+                "a tree is not a commit"
+            );
+            assert_eq!(commit_tree(&objects, &"0".repeat(40)), None);
+        }
     }
 }

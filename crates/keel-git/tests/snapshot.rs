@@ -324,3 +324,86 @@ fn a_snapshot_in_a_sha256_repository_is_written_by_git() {
     assert_eq!(commit.len(), 64);
     assert_eq!(git.resolve("refs/keel/r/0").unwrap(), Some(commit));
 }
+
+/// Object files in the repository: loose objects and packs.
+fn object_files(repo: &Repo) -> Vec<String> {
+    let mut found = Vec::new();
+    let objects = repo.path().join(".git/objects");
+    for dir in std::fs::read_dir(&objects).unwrap() {
+        let dir = dir.unwrap().path();
+        for file in std::fs::read_dir(&dir).unwrap() {
+            found.push(file.unwrap().path().display().to_string());
+        }
+    }
+    found.sort();
+    found
+}
+
+#[test]
+fn a_snapshot_of_its_parents_own_tree_is_the_parent_and_writes_no_object() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    let git = repo.open(&[]);
+    let tree = git.worktree_tree().unwrap();
+    let head = git.head().unwrap().unwrap();
+    let before = object_files(&repo);
+
+    // Loose, as a commit made here is.
+    let commit = git
+        .snapshot(
+            &tree,
+            Some(&head),
+            "keel: run r checkpoint 0",
+            "refs/keel/r/0",
+        )
+        .unwrap();
+    assert_eq!(commit, head);
+    assert_eq!(repo.git(&["rev-parse", "refs/keel/r/0"]), head);
+    assert_eq!(object_files(&repo), before, "no object was written");
+
+    // Packed, as in a clone.
+    repo.git(&["gc", "-q", "--prune=now"]);
+    let packed = object_files(&repo);
+    let commit = git
+        .snapshot(
+            &tree,
+            Some(&head),
+            "keel: run r checkpoint 1",
+            "refs/keel/r/1",
+        )
+        .unwrap();
+    assert_eq!(commit, head);
+    assert_eq!(repo.git(&["rev-parse", "refs/keel/r/1"]), head);
+    assert_eq!(object_files(&repo), packed, "no object was written");
+
+    // Where git writes snapshots (a reflog for every ref), it is asked the parent's tree.
+    repo.git(&["config", "core.logAllRefUpdates", "always"]);
+    let commit = git
+        .snapshot(
+            &tree,
+            Some(&head),
+            "keel: run r checkpoint 2",
+            "refs/keel/r/2",
+        )
+        .unwrap();
+    assert_eq!(commit, head);
+    assert_eq!(repo.git(&["rev-parse", "refs/keel/r/2"]), head);
+    assert_eq!(object_files(&repo), packed, "no object was written");
+
+    // One changed file later, the snapshot is a commit of its own again, on the parent.
+    repo.write("a.txt", "b\n");
+    let changed = git.worktree_tree().unwrap();
+    let commit = git
+        .snapshot(
+            &changed,
+            Some(&head),
+            "keel: run r checkpoint 3",
+            "refs/keel/r/3",
+        )
+        .unwrap();
+    assert_ne!(commit, head);
+    assert_eq!(repo.git(&["rev-parse", &format!("{commit}^1")]), head);
+    assert_eq!(
+        repo.git(&["rev-parse", &format!("{commit}^{{tree}}")]),
+        changed
+    );
+}
