@@ -448,7 +448,7 @@ impl Confinement {
             full.push((k.to_string(), v.clone()));
         }
         let policy = self.policy(&program.argv(), full, network.unwrap_or(self.network));
-        let (cmd, private_tmp) = sandbox
+        let (cmd, mut private_tmp) = sandbox
             .command_noting_end(&policy, self.ended.as_deref())
             .map_err(|e| std::io::Error::other(format!("the sandbox refused to start: {e}")))?;
         let (mut outcome, code) = spawn_and_wait(cmd, output, timeout, input)?;
@@ -457,6 +457,9 @@ impl Confinement {
         {
             outcome.success = false;
             outcome.status = format!("refused by the sandbox: {reason}");
+        }
+        if code.is_some() {
+            private_tmp.helper_exited();
         }
         drop(private_tmp);
         Ok(outcome)

@@ -1,6 +1,6 @@
 //! The helper's two stages (see the crate documentation).
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
@@ -18,8 +18,8 @@ use serde::Deserialize;
 
 use crate::error::SandboxError;
 use crate::{
-    BUILD, BUILD_MARKER, MESSAGE_PREFIX, REFUSED_EXIT_CODE, REQUEST_VAR, Request, STAGE1_MARKER,
-    cgroup, check_policy, rules,
+    BUILD, BUILD_MARKER, COVER_FILE, MESSAGE_PREFIX, REFUSED_EXIT_CODE, REPORT_FILE, REQUEST_VAR,
+    Request, STAGE1_MARKER, cgroup, check_policy, rules,
 };
 
 /// What stage 1 hands to stage 2 (its fork).
@@ -70,21 +70,27 @@ fn read_env<T: for<'de> Deserialize<'de>>() -> Result<T, SandboxError> {
 }
 
 /// Says why the command did not run, on stderr and in the report file, and exits 125.
-fn refuse(report: Option<&mut File>, err: &SandboxError) -> ! {
+fn refuse(report: Option<&File>, err: &SandboxError) -> ! {
     let message = err.to_string();
     eprintln!("{MESSAGE_PREFIX}{message}");
-    if let Some(file) = report {
-        let _ = file.write_all(message.as_bytes());
+    if let Some(dir) = report {
+        use nix::fcntl::{OFlag, openat};
+        use nix::sys::stat::Mode;
+        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_APPEND | OFlag::O_CLOEXEC;
+        if let Ok(fd) = openat(dir, REPORT_FILE, flags, Mode::from_bits_truncate(0o644)) {
+            let _ = File::from(fd).write_all(message.as_bytes());
+        }
     }
     std::process::exit(REFUSED_EXIT_CODE)
 }
 
+/// The directory the refusal report goes into, opened before anything could cover it. The
+/// report file itself is made only when there is a refusal to write: a file made and removed
+/// for every command costs an inode's allocation and release, and on a filesystem without a
+/// journal (ext4 keeps recently released inodes unused for a while, and passes over them one by
+/// one at every allocation) each release slows every file created after it.
 fn open_report(request: &Request) -> Option<File> {
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(request.report_path())
-        .ok()
+    File::open(&request.private).ok()
 }
 
 fn stage1() -> ! {
@@ -92,11 +98,11 @@ fn stage1() -> ! {
         Ok(r) => r,
         Err(e) => refuse(None, &e),
     };
-    let mut report = open_report(&request);
+    let report = open_report(&request);
     if request.build != BUILD {
         let exe = std::env::current_exe().unwrap_or_default();
         refuse(
-            report.as_mut(),
+            report.as_ref(),
             &SandboxError::BadRequest(format!(
                 "the helper {} was built from other keel-sandbox source ({BUILD:016x}) than the \
                  program that started it ({:016x}): build or install them together",
@@ -111,7 +117,7 @@ fn stage1() -> ! {
     // so that keel can start it with `posix_spawn` rather than a `fork` of its whole memory map.
     if let Err(source) = nix::sys::prctl::set_pdeathsig(Signal::SIGTERM) {
         refuse(
-            report.as_mut(),
+            report.as_ref(),
             &SandboxError::Prctl {
                 what: "the parent-death signal",
                 source,
@@ -121,13 +127,13 @@ fn stage1() -> ! {
     // The parent may have died before the line above: then nothing would kill us with it.
     if nix::unistd::getppid().as_raw() != request.parent as i32 {
         refuse(
-            report.as_mut(),
+            report.as_ref(),
             &SandboxError::BadRequest("the process that started the sandbox has exited".into()),
         );
     }
     match run_stage1(&request) {
         Ok(code) => std::process::exit(code),
-        Err(e) => refuse(report.as_mut(), &e),
+        Err(e) => refuse(report.as_ref(), &e),
     }
 }
 
@@ -319,7 +325,7 @@ impl EndFile {
 
 /// Covers the hidden paths (in stage 1's new mount namespace).
 fn hide(request: &Request) -> Result<(), SandboxError> {
-    let cover = request.private.join("cover");
+    let cover = request.private.join(COVER_FILE);
     let mut cover_made = false;
     let mount_err = |what: &str, target: &Path| {
         let what = what.to_string();
@@ -420,7 +426,7 @@ fn fork_one_thread() -> nix::Result<nix::unistd::ForkResult> {
 }
 
 fn stage2(stage: &Stage2) -> ! {
-    let mut report = open_report(&stage.request);
+    let report = open_report(&stage.request);
     match run_stage2(stage) {
         Ok(exec_error) => {
             let program = stage
@@ -438,7 +444,7 @@ fn stage2(stage: &Stage2) -> ! {
             };
             std::process::exit(code)
         }
-        Err(e) => refuse(report.as_mut(), &e),
+        Err(e) => refuse(report.as_ref(), &e),
     }
 }
 

@@ -7,9 +7,10 @@
 //! [`Command`] that runs that binary as `<helper> __keel-sandbox`, with an empty environment but
 //! for one variable carrying the serialized request (the [`Policy`] plus the paths of the
 //! [`PrivateTmp`]). The helper works in two stages, one process each: stage 2 is a `fork` of
-//! stage 1 (the one `unsafe` call of this crate, sound because stage 1 has one thread, which it
-//! checks: the helper is entered before any thread starts), not a second exec of the binary,
-//! whose start alone costs about a millisecond of CPU on a virtual machine:
+//! stage 1 (one of this crate's two `unsafe` calls, the other an `atexit` in `private`; sound
+//! because stage 1 has one thread, which it checks: the helper is entered before any thread
+//! starts), not a second exec of the binary, whose start alone costs about a millisecond of CPU
+//! on a virtual machine:
 //!
 //! 1. **Stage 1** (in the caller's process group) blocks SIGTERM, SIGINT, SIGHUP, SIGQUIT and
 //!    SIGCHLD, creates a per-command pids cgroup when running as root, then `unshare`s a mount
@@ -103,6 +104,7 @@
 mod cgroup;
 mod error;
 mod helper;
+mod private;
 mod rules;
 
 use std::path::{Path, PathBuf};
@@ -112,6 +114,7 @@ use serde::{Deserialize, Serialize};
 
 pub use error::SandboxError;
 pub use helper::{enter_if_helper, helper_main};
+pub use private::{PrivateTmp, kept as kept_private_dirs};
 
 /// The exit code of the helper when the sandbox refused to start the command.
 pub const REFUSED_EXIT_CODE: i32 = 125;
@@ -243,13 +246,10 @@ pub(crate) struct Request {
     pub build: u64,
 }
 
-impl Request {
-    pub(crate) fn report_path(&self) -> PathBuf {
-        self.private.join(REPORT_FILE)
-    }
-}
-
-const REPORT_FILE: &str = "refusal";
+/// The refusal report's name in the private directory (made only when there is a refusal).
+pub(crate) const REPORT_FILE: &str = "refusal";
+/// The cover of hidden files, in the private directory (made only when a file is hidden).
+pub(crate) const COVER_FILE: &str = "cover";
 
 /// Runs commands under a sandbox applied by `helper`, a binary that calls [`enter_if_helper`]
 /// first thing in `main`.
@@ -351,49 +351,6 @@ pub(crate) fn check_policy(policy: &Policy) -> Result<(), SandboxError> {
         }
     }
     Ok(())
-}
-
-/// A fresh private temporary directory for one command: writable by it, its `TMPDIR`, removed
-/// (with everything in it) on drop. It also holds the helper's refusal report.
-#[derive(Debug)]
-pub struct PrivateTmp {
-    root: tempfile::TempDir,
-    tmp: PathBuf,
-}
-
-impl PrivateTmp {
-    fn new() -> Result<Self, SandboxError> {
-        let root = tempfile::Builder::new()
-            .prefix("keel-sandbox-")
-            .tempdir()
-            .map_err(|source| SandboxError::Io {
-                what: "create the private temporary directory".into(),
-                source,
-            })?;
-        let tmp = root.path().join("tmp");
-        std::fs::create_dir(&tmp).map_err(|source| SandboxError::Io {
-            what: format!("create {}", tmp.display()),
-            source,
-        })?;
-        Ok(PrivateTmp { root, tmp })
-    }
-
-    /// The command's `TMPDIR`.
-    pub fn path(&self) -> &Path {
-        &self.tmp
-    }
-
-    fn root(&self) -> &Path {
-        self.root.path()
-    }
-
-    /// Why the sandbox refused to start the command, if it did (the helper then exited
-    /// [`REFUSED_EXIT_CODE`]). `None` if the command started (or the helper never ran).
-    pub fn refusal(&self) -> Option<String> {
-        let text = std::fs::read_to_string(self.root.path().join(REPORT_FILE)).ok()?;
-        let text = text.trim();
-        (!text.is_empty()).then(|| text.to_string())
-    }
 }
 
 /// How the number of processes is limited.

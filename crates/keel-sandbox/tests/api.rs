@@ -82,13 +82,33 @@ fn exit_codes_and_signals_pass_through() {
 }
 
 #[test]
-fn the_private_tmp_is_removed_on_drop() {
+fn the_private_tmp_is_emptied_on_drop() {
     let f = Fixture::new();
     let (_cmd, tmp) = common::sandbox().command(&f.sh("true")).unwrap();
     let path = tmp.path().to_path_buf();
     assert!(path.is_dir());
+    std::fs::write(path.join("left"), "by the command").unwrap();
     drop(tmp);
-    assert!(!path.exists());
+    // Removed, or kept for the next command (tests/private_tmp.rs), empty.
+    assert!(!path.exists() || std::fs::read_dir(&path).unwrap().next().is_none());
+}
+
+/// The refusal report is made only for a refusal: a command that ran leaves its private
+/// directory holding its `TMPDIR` alone (no file made and removed for every command).
+#[test]
+fn a_command_that_ran_leaves_no_report_file() {
+    let f = Fixture::new();
+    let (mut cmd, tmp) = common::sandbox().command(&f.sh("exit 3")).unwrap();
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert_eq!(tmp.refusal(), None);
+    let private = tmp.path().parent().unwrap();
+    let mut names: Vec<_> = std::fs::read_dir(private)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["tmp"]);
 }
 
 /// Stage 2 is a fork of stage 1, which is sound only in a process of one thread: a helper

@@ -1,0 +1,276 @@
+//! The private temporary directory of each command, and the directories kept for the next.
+//!
+//! A command's private directory (`keel-sandbox-XXXXXX` in the system's temporary directory)
+//! holds its `TMPDIR` (`tmp`, the one place in it the command may write), the cover of hidden
+//! files and the refusal report. Made and removed for every command, these were two directories
+//! allocated and released per command; on a filesystem without a journal ext4 keeps a released
+//! inode unused for a minute or more and passes over each such inode, reading it, at every
+//! allocation near it, so a worker running many commands made every later file creation slower,
+//! its own included (a quarter of keel's CPU in `keel-bench`'s 1,000 runs went there).
+//!
+//! So an ended command's directory is emptied and kept for the next command of this process
+//! when, and only when, nothing of the command can remain in it: the helper exited by itself
+//! (its first stage waits until every process of the command is gone), its `tmp` is still the same
+//! directory (device and inode), with the mode, owner and inode flags it was made with and no
+//! extended attribute (no ACL that would grant the next command's files to someone), and
+//! everything the command left in it was removed. Anything else (a `tmp` it could not empty, a
+//! changed mode, an attribute) and the directory is removed as before. At most [`KEPT`]
+//! directories are kept; they are removed when the process exits normally (`atexit`). A
+//! process killed by a signal leaves them, as it leaves the directory of a command it was
+//! running.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, Once, PoisonError};
+
+use crate::error::SandboxError;
+use crate::{COVER_FILE, REPORT_FILE};
+
+/// Directories kept for later commands at most (one per command that runs at the same time).
+pub(crate) const KEPT: usize = 64;
+
+/// Emptied private directories of ended commands, ready for the next.
+static POOL: Mutex<Vec<Kept>> = Mutex::new(Vec::new());
+
+/// A kept directory and what it and its `tmp` were made as.
+#[derive(Debug)]
+struct Kept {
+    root: PathBuf,
+    made: [Made; 2],
+}
+
+/// What the command must not have changed about its directory and its `tmp` (it owns both,
+/// and Landlock does not restrict changing their mode or attributes) for them to be kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Made {
+    dev: u64,
+    ino: u64,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    flags: Option<u32>,
+}
+
+impl Made {
+    fn read(tmp: &Path) -> Option<Made> {
+        let meta = fs::symlink_metadata(tmp).ok()?;
+        if !meta.is_dir() {
+            return None;
+        }
+        // Inode flags (chattr's): a filesystem that has none reads as None both times.
+        let flags = fs::File::open(tmp)
+            .ok()
+            .and_then(|dir| rustix::fs::ioctl_getflags(&dir).ok())
+            .map(|flags| flags.bits());
+        Some(Made {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            mode: meta.mode(),
+            uid: meta.uid(),
+            gid: meta.gid(),
+            flags,
+        })
+    }
+}
+
+/// A private temporary directory for one command: writable by it, its `TMPDIR`, removed on drop,
+/// or emptied and kept for the next command once the helper has exited by itself (see the
+/// module and [`PrivateTmp::helper_exited`]). It also holds the helper's refusal report.
+#[derive(Debug)]
+pub struct PrivateTmp {
+    root: PathBuf,
+    tmp: PathBuf,
+    /// The directory and its `tmp`.
+    made: [Made; 2],
+    /// Whether the helper exited by itself (see [`PrivateTmp::helper_exited`]).
+    ended: bool,
+}
+
+impl PrivateTmp {
+    pub(crate) fn new() -> Result<Self, SandboxError> {
+        let kept = POOL.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        if let Some(Kept { root, made }) = kept {
+            let tmp = root.join("tmp");
+            return Ok(PrivateTmp {
+                root,
+                tmp,
+                made,
+                ended: false,
+            });
+        }
+        let root = tempfile::Builder::new()
+            .prefix("keel-sandbox-")
+            .tempdir()
+            .map_err(|source| SandboxError::Io {
+                what: "create the private temporary directory".into(),
+                source,
+            })?
+            .keep();
+        let tmp = root.join("tmp");
+        let made = fs::create_dir(&tmp)
+            .map_err(|source| SandboxError::Io {
+                what: format!("create {}", tmp.display()),
+                source,
+            })
+            .and_then(|()| match (Made::read(&root), Made::read(&tmp)) {
+                (Some(root), Some(tmp)) => Ok([root, tmp]),
+                _ => Err(SandboxError::Io {
+                    what: format!("read what {} was made as", tmp.display()),
+                    source: std::io::Error::other("not a directory after it was made"),
+                }),
+            });
+        match made {
+            Ok(made) => Ok(PrivateTmp {
+                root,
+                tmp,
+                made,
+                ended: false,
+            }),
+            Err(e) => {
+                let _ = fs::remove_dir_all(&root);
+                Err(e)
+            }
+        }
+    }
+
+    /// Says that the helper was waited for and exited by itself (with an exit code, not killed
+    /// by a signal). Its first stage exits only once every process of the command is gone, so
+    /// nothing can write into the directory any more and it may be kept for the next command.
+    /// Without this, drop removes it: a helper killed with SIGKILL may leave the command's
+    /// processes dying for a moment after it.
+    pub fn helper_exited(&mut self) {
+        self.ended = true;
+    }
+
+    /// The command's `TMPDIR`.
+    pub fn path(&self) -> &Path {
+        &self.tmp
+    }
+
+    pub(crate) fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Why the sandbox refused to start the command, if it did (the helper then exited
+    /// [`REFUSED_EXIT_CODE`](crate::REFUSED_EXIT_CODE)). `None` if the command started (or the
+    /// helper never ran).
+    pub fn refusal(&self) -> Option<String> {
+        let text = fs::read_to_string(self.root.join(REPORT_FILE)).ok()?;
+        let text = text.trim();
+        (!text.is_empty()).then(|| text.to_string())
+    }
+
+    /// Empties the directory for the next command; false when it must be removed instead.
+    fn reset(&self) -> bool {
+        if !self.ended {
+            return false;
+        }
+        for (dir, made) in [&self.root, &self.tmp].into_iter().zip(self.made) {
+            if Made::read(dir) != Some(made) || has_attributes(dir) {
+                return false;
+            }
+        }
+        let Ok(entries) = fs::read_dir(&self.root) else {
+            return false;
+        };
+        for entry in entries {
+            let Ok(entry) = entry else {
+                return false;
+            };
+            let name = entry.file_name();
+            if name == "tmp" {
+                continue;
+            }
+            // Stage 1 makes only these, outside the command's reach.
+            if (name != COVER_FILE && name != REPORT_FILE) || fs::remove_file(entry.path()).is_err()
+            {
+                return false;
+            }
+        }
+        empty(&self.tmp)
+    }
+}
+
+/// Whether `path` has any extended attribute (an ACL is one), or it cannot be told.
+fn has_attributes(path: &Path) -> bool {
+    // An empty list is 0 bytes long; a list longer than the buffer is an error (ERANGE).
+    let mut names = [0u8; 256];
+    !matches!(rustix::fs::listxattr(path, &mut names[..]), Ok(0))
+}
+
+/// Removes everything in the directory `dir` (not following symbolic links); false if
+/// anything is left.
+fn empty(dir: &Path) -> bool {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return false;
+    };
+    for entry in entries {
+        let Ok(entry) = entry else {
+            return false;
+        };
+        let path = entry.path();
+        let removed = match entry.file_type() {
+            Ok(kind) if kind.is_dir() => fs::remove_dir_all(&path),
+            Ok(_) => fs::remove_file(&path),
+            Err(e) => Err(e),
+        };
+        if removed.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+impl Drop for PrivateTmp {
+    fn drop(&mut self) {
+        if self.reset() {
+            let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
+            if pool.len() < KEPT {
+                pool.push(Kept {
+                    root: std::mem::take(&mut self.root),
+                    made: self.made,
+                });
+                drop(pool);
+                remove_kept_at_exit();
+                return;
+            }
+        }
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+/// Removes the kept directories; the pool is empty afterwards. Called at exit.
+fn remove_kept() {
+    // At exit a thread may still hold the lock (the process is ending under it): leave the
+    // directories then rather than wait.
+    let kept = match POOL.try_lock() {
+        Ok(mut pool) => std::mem::take(&mut *pool),
+        Err(std::sync::TryLockError::Poisoned(pool)) => std::mem::take(&mut *pool.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => return,
+    };
+    for Kept { root, .. } in kept {
+        let _ = fs::remove_dir_all(root);
+    }
+}
+
+/// Registers [`remove_kept`] with `atexit`, once.
+fn remove_kept_at_exit() {
+    static REGISTERED: Once = Once::new();
+    extern "C" fn at_exit() {
+        // Nothing may unwind out of an `extern "C"` function.
+        let _ = std::panic::catch_unwind(remove_kept);
+    }
+    REGISTERED.call_once(|| {
+        // SAFETY: `at_exit` takes no arguments, returns nothing and never unwinds; atexit only
+        // stores the pointer, to a function that lives as long as the program.
+        #[allow(unsafe_code)]
+        let _ = unsafe { nix::libc::atexit(at_exit) };
+    });
+}
+
+/// How many directories are kept now (for tests).
+#[doc(hidden)]
+pub fn kept() -> usize {
+    POOL.lock().unwrap_or_else(PoisonError::into_inner).len()
+}
