@@ -187,6 +187,9 @@ pub struct Timeline {
     /// From the last `model_replied` to the run's last event: the finish, the acceptance
     /// verifier in the sandbox, the checkpoint and `completed`.
     pub after_last_reply: Vec<u64>,
+    /// From a `model_requested` to the request's sending (its reply's time less the exchange's
+    /// `duration_ms`): the commit of the request, waiting for its shared transaction's fsync.
+    pub before_send: Vec<u64>,
     /// The acceptance verifier's command in the sandbox, from its start to its end
     /// (`duration_ms` of its evidence): the larger part of `after_last_reply`.
     pub verifier_command: Vec<u64>,
@@ -199,13 +202,27 @@ impl Timeline {
             return;
         };
         let mut replied: Option<i64> = None;
+        let mut requested: Option<i64> = None;
         for e in events {
             match e.kind.as_str() {
-                "model_requested" => match replied {
-                    None => self.to_first_request.push(gap(first.at_ms, e.at_ms)),
-                    Some(at) => self.between_calls.push(gap(at, e.at_ms)),
-                },
-                "model_replied" => replied = Some(e.at_ms),
+                "model_requested" => {
+                    requested = Some(e.at_ms);
+                    match replied {
+                        None => self.to_first_request.push(gap(first.at_ms, e.at_ms)),
+                        Some(at) => self.between_calls.push(gap(at, e.at_ms)),
+                    }
+                }
+                "model_replied" => {
+                    replied = Some(e.at_ms);
+                    if let (
+                        Some(at),
+                        Ok(keel_core::event::EventBody::ModelReplied { duration_ms, .. }),
+                    ) = (requested.take(), e.decode().map(|d| d.body))
+                    {
+                        let sent = e.at_ms - i64::try_from(duration_ms).unwrap_or(i64::MAX);
+                        self.before_send.push(gap(at, sent));
+                    }
+                }
                 "evidence_recorded" => {
                     if let Ok(keel_core::event::EventBody::EvidenceRecorded { evidence }) =
                         e.decode().map(|d| d.body)
@@ -225,6 +242,7 @@ impl Timeline {
         self.to_first_request.sort_unstable();
         self.between_calls.sort_unstable();
         self.after_last_reply.sort_unstable();
+        self.before_send.sort_unstable();
         self.verifier_command.sort_unstable();
     }
 }

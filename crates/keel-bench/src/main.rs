@@ -460,7 +460,9 @@ fn concurrent_figure(c: &concurrent::Concurrent) -> Value {
          worker that has driven one run has them. run_gaps_ms: each run's log between its \
          model calls (its start before the first, a step's end and the next prompt between \
          two, and after the last the finish, the acceptance verifier, whose command alone is \
-         verifier_command, the checkpoint and completed).",
+         verifier_command, the checkpoint and completed), and before_send: from each \
+         model_requested to the request's sending (the reply's time less the exchange's), \
+         the request's commit.",
     );
     f.insert("ratio".into(), json!(round3(ratio)));
     f.insert("runs".into(), json!(c.runs));
@@ -506,6 +508,7 @@ fn concurrent_figure(c: &concurrent::Concurrent) -> Value {
         json!({
             "to_first_request": quantiles(&c.timeline.to_first_request),
             "between_calls": quantiles(&c.timeline.between_calls),
+            "before_send": quantiles(&c.timeline.before_send),
             "after_last_reply": quantiles(&c.timeline.after_last_reply),
             "verifier_command": quantiles(&c.timeline.verifier_command),
         }),

@@ -87,6 +87,7 @@ fn the_quick_report_is_json_with_every_figure() {
     for (key, n) in [
         ("to_first_request", 6),
         ("between_calls", 6 * 4),
+        ("before_send", 6 * 5),
         ("after_last_reply", 6),
         ("verifier_command", 6),
     ] {
