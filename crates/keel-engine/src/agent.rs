@@ -589,7 +589,9 @@ impl Engine<'_> {
                 };
                 let bytes = driver.request(&prompt, specs);
                 let local = driver.local();
-                let hash = self.store.put_artifact(&bytes)?;
+                // Stored against the run's earlier requests, which it mostly repeats.
+                let series = format!("{}/request", self.run.id);
+                let hash = self.store.put_artifact_in(&series, &bytes)?;
                 self.stage(vec![EventBody::ModelRequested {
                     step: id,
                     request: hash,

@@ -207,6 +207,9 @@ pub struct Store {
     pending_blobs: std::cell::RefCell<Vec<(String, i64, Vec<u8>)>>,
     /// Contracts waiting for the next commit (the creation of the run that names them).
     pending_contracts: std::cell::RefCell<Vec<batch::ContractText>>,
+    /// The base of each series of artifacts (see [`Store::put_artifact_in`]): its hash and
+    /// bytes. Stored alone, with a commit of this connection or waiting for one.
+    series: std::cell::RefCell<std::collections::HashMap<String, (String, Vec<u8>)>>,
     /// The `steps` and `budgets` rows this connection last wrote for each run it holds, so a
     /// commit rewrites only the rows that changed (a long run has thousands of steps).
     rows: std::cell::RefCell<std::collections::HashMap<String, Rows>>,
@@ -286,6 +289,7 @@ impl Store {
             artifacts: Artifacts::new(dir),
             pending_blobs: std::cell::RefCell::new(Vec::new()),
             pending_contracts: std::cell::RefCell::new(Vec::new()),
+            series: std::cell::RefCell::new(std::collections::HashMap::new()),
             rows: std::cell::RefCell::new(std::collections::HashMap::new()),
             commits: std::cell::Cell::new(0),
             writer: writer_lock(path),
@@ -308,6 +312,40 @@ impl Store {
         if !pending.iter().any(|(h, _, _)| *h == hash) {
             let (codec, stored) = blob::encode(&bytes);
             pending.push((hash.clone(), codec, stored.into_owned()));
+        }
+        Ok(hash)
+    }
+
+    /// [`Store::put_artifact`] for an artifact of a series of much alike ones (a run's requests:
+    /// each is mostly the one before). A small one may be stored against the series' base, the
+    /// last of its artifacts stored alone: an LZ4 block with the base's bytes as its dictionary
+    /// (`blob::LZ4_BASED`). It is when that takes at most a third of what it takes alone;
+    /// otherwise it is stored alone and becomes the base. A base is always stored alone, so a
+    /// read needs at most one other blob; the series starts afresh with each connection (a
+    /// resumed run) and after a cut tail.
+    pub fn put_artifact_in(&self, series: &str, bytes: &[u8]) -> Result<String, StoreError> {
+        if bytes.len() > INLINE_ARTIFACT_BYTES {
+            return self.artifacts.put(bytes);
+        }
+        let bytes = self.artifacts.scrub(bytes);
+        let hash = blake3::hash(&bytes).to_hex().to_string();
+        let mut pending = self.pending_blobs.borrow_mut();
+        if pending.iter().any(|(h, _, _)| *h == hash) {
+            return Ok(hash);
+        }
+        let (codec, alone) = blob::encode(&bytes);
+        let mut bases = self.series.borrow_mut();
+        let based = bases
+            .get(series)
+            .filter(|(base, _)| *base != hash)
+            .and_then(|(base_hash, base)| blob::encode_based(&bytes, base_hash, base))
+            .filter(|frame| frame.len() <= alone.len() / 3);
+        match based {
+            Some(frame) => pending.push((hash.clone(), blob::LZ4_BASED, frame)),
+            None => {
+                pending.push((hash.clone(), codec, alone.into_owned()));
+                bases.insert(series.to_string(), (hash.clone(), bytes.into_owned()));
+            }
         }
         Ok(hash)
     }
@@ -373,16 +411,79 @@ impl Store {
 
     /// A small artifact this connection is waiting to store.
     fn pending_blob(&self, hash: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let pending = self.pending_blobs.borrow();
-        pending
+        let found = self
+            .pending_blobs
+            .borrow()
             .iter()
             .find(|(h, _, _)| h == hash)
-            .map(|(_, codec, b)| blob::decode(hash, *codec, b.clone()))
+            .map(|(_, codec, b)| (*codec, b.clone()));
+        found
+            .map(|(codec, stored)| self.decode_stored(None, hash, codec, stored))
             .transpose()
     }
 
     /// A small artifact stored with the events of run `id` (newest rows first), or of any run.
     fn inline_blob(&self, id: Option<&str>, hash: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inline_frame(id, hash)?
+            .map(|(codec, stored)| self.decode_stored(id, hash, codec, stored))
+            .transpose()
+    }
+
+    /// The bytes of the blob `hash` as stored (`codec`, `stored`), decoded; one stored against a
+    /// base is decoded with its base's bytes, looked for where `hash` was (waiting, or in the
+    /// rows of run `id`, of any run for `None`). A base must be stored alone.
+    fn decode_stored(
+        &self,
+        id: Option<&str>,
+        hash: &str,
+        codec: i64,
+        stored: Vec<u8>,
+    ) -> Result<Vec<u8>, StoreError> {
+        if codec != blob::LZ4_BASED {
+            return blob::decode(hash, codec, stored);
+        }
+        let damaged = |reason: String| StoreError::DamagedBlob {
+            hash: hash.to_string(),
+            reason,
+        };
+        let base_hash = blob::base_of(&stored)
+            .ok_or_else(|| damaged("its frame does not name its base".into()))?
+            .to_string();
+        let pending = self
+            .pending_blobs
+            .borrow()
+            .iter()
+            .find(|(h, _, _)| *h == base_hash)
+            .map(|(_, codec, b)| (*codec, b.clone()));
+        let base_damaged = |e: StoreError| match e {
+            StoreError::DamagedBlob { reason, .. } => {
+                damaged(format!("its base {base_hash} is damaged: {reason}"))
+            }
+            other => other,
+        };
+        let base = match pending {
+            Some(found) => Some(found),
+            None => self.inline_frame(id, &base_hash).map_err(base_damaged)?,
+        };
+        let Some((base_codec, base)) = base else {
+            return Err(damaged(format!("its base {base_hash} is not stored")));
+        };
+        if base_codec == blob::LZ4_BASED {
+            return Err(damaged(format!(
+                "its base {base_hash} is itself stored against another"
+            )));
+        }
+        let base = blob::decode(&base_hash, base_codec, base).map_err(base_damaged)?;
+        blob::decode_based(hash, &stored, &base)
+    }
+
+    /// A small artifact stored with the events of run `id` (newest rows first), or of any run,
+    /// as stored: its codec and bytes.
+    fn inline_frame(
+        &self,
+        id: Option<&str>,
+        hash: &str,
+    ) -> Result<Option<(i64, Vec<u8>)>, StoreError> {
         let sql = match id {
             Some(_) => {
                 "SELECT id, blob_hashes FROM log WHERE run_id = ?1 AND blob_hashes IS NOT NULL \
@@ -418,7 +519,7 @@ impl Store {
         let blobs = log::decode_blobs(&stored.unwrap_or_default())
             .map_err(|e| damaged(format!("the artifacts stored with it do not decode: {e}")))?;
         match blobs.into_iter().find(|(h, _, _)| h == hash) {
-            Some((_, codec, bytes)) => Ok(Some(blob::decode(hash, codec, bytes)?)),
+            Some((_, codec, bytes)) => Ok(Some((codec, bytes))),
             None => Err(damaged("its row names it but does not hold it".to_string())),
         }
     }
@@ -807,7 +908,22 @@ impl Store {
             .lock
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let blobs = std::mem::take(&mut *self.pending_blobs.borrow_mut());
+        // A base may be in a row the cut removes: every series starts afresh, and an artifact
+        // waiting to be stored against a base is stored alone.
+        self.series.borrow_mut().clear();
+        let waiting = self.pending_blobs.borrow().clone();
+        let mut blobs = Vec::with_capacity(waiting.len());
+        for (hash, codec, stored) in waiting {
+            if codec == blob::LZ4_BASED {
+                // Decoded while its base may still be waiting with it.
+                let bytes = self.decode_stored(Some(&lease.run_id), &hash, codec, stored)?;
+                let (codec, alone) = blob::encode(&bytes);
+                blobs.push((hash, codec, alone.into_owned()));
+            } else {
+                blobs.push((hash, codec, stored));
+            }
+        }
+        self.pending_blobs.borrow_mut().clear();
         let written = (|| -> Result<(), TxError> {
             let tx = self
                 .conn
@@ -1091,7 +1207,8 @@ impl Store {
             };
             for (hash, codec, bytes) in blobs {
                 if unchecked.remove(&hash) {
-                    let sound = blob::decode(&hash, codec, bytes)
+                    let sound = self
+                        .decode_stored(Some(id), &hash, codec, bytes)
                         .is_ok_and(|b| blake3::hash(&b).to_hex().as_str() == hash);
                     if !sound {
                         bad.push(hash);

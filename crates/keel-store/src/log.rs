@@ -21,7 +21,7 @@ use crate::StoredEvent;
 
 /// The first bytes of an encoded event list, and its format version.
 const MAGIC: &[u8; 3] = b"KL\x01";
-pub use crate::blob::{LZ4, RAW, ZSTD};
+pub use crate::blob::{LZ4, LZ4_BASED, RAW, ZSTD};
 
 /// Shorter event lists are kept as they are.
 const SMALLEST: usize = 512;

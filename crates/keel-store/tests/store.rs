@@ -470,6 +470,182 @@ fn a_damaged_compressed_artifact_is_reported_and_never_returned() {
     assert!(!store.verify_artifact(&hash).unwrap());
 }
 
+/// A run's requests: the same instructions (words that repeat little, as prose does), then a
+/// window of notes that moves on by one each step.
+fn requests(n: usize) -> Vec<Vec<u8>> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut word = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let words = [
+            "plan", "verify", "budget", "scope", "tool", "step", "phase", "lease",
+        ];
+        format!("{}{} ", words[(x % 8) as usize], x % 1000)
+    };
+    let instructions: String = (0..600).map(|_| word()).collect();
+    let notes: Vec<String> = (0..n + 40)
+        .map(|_| (0..12).map(|_| word()).collect())
+        .collect();
+    (0..n)
+        .map(|step| {
+            let mut text = format!("{{\"system\":\"{instructions}\",\"notes\":[");
+            for note in &notes[step..step + 40] {
+                text.push_str(&format!("\"{note}\","));
+            }
+            text.push_str("]}");
+            text.into_bytes()
+        })
+        .collect()
+}
+
+#[test]
+fn a_series_of_alike_requests_is_stored_against_a_base_and_read_back_whole() {
+    let (dir, mut store) = open();
+    let (e, run) = created("r1");
+    let lease = store.create_run(&e, &run, "me", 0, 1000).unwrap();
+    let mut run = run;
+    let later = requests(13);
+    let requests = &later[..12];
+    let mut hashes = Vec::new();
+    for (step, request) in requests.iter().enumerate() {
+        hashes.push(store.put_artifact_in("r1/request", request).unwrap());
+        // Read back while waiting for its commit, as the engine may.
+        assert_eq!(
+            &store
+                .read_run_artifact("r1", &hashes[step], usize::MAX)
+                .unwrap(),
+            request
+        );
+        let (events, next_run) = next(&run, vec![resumed(1)]);
+        store.commit(&lease, &events, &next_run, None, 0).unwrap();
+        run = next_run;
+    }
+    let (codec, first) = stored_blob(&dir, &hashes[0]);
+    assert_eq!(
+        codec,
+        keel_store::log::LZ4,
+        "the first is stored alone: the base"
+    );
+    for (hash, request) in hashes.iter().zip(requests).skip(1) {
+        let (codec, stored) = stored_blob(&dir, hash);
+        assert_eq!(codec, keel_store::log::LZ4_BASED);
+        assert!(
+            stored.len() * 3 < first.len(),
+            "{} against {}",
+            stored.len(),
+            first.len()
+        );
+        assert_eq!(&store.read_artifact(hash, usize::MAX).unwrap(), request);
+        assert_eq!(
+            &store.read_run_artifact("r1", hash, 100).unwrap(),
+            &request[..100]
+        );
+        assert!(store.verify_artifact(hash).unwrap());
+    }
+    let all: std::collections::BTreeSet<String> = hashes.iter().cloned().collect();
+    assert_eq!(
+        store.unsound_run_artifacts("r1", &all).unwrap(),
+        Vec::<String>::new()
+    );
+
+    // A request unlike the base is stored alone, and is the base of those after it.
+    let other = b"something else entirely, ".repeat(200);
+    let hash = store.put_artifact_in("r1/request", &other).unwrap();
+    let (events, next_run) = next(&run, vec![resumed(1)]);
+    store.commit(&lease, &events, &next_run, None, 0).unwrap();
+    assert_eq!(stored_blob(&dir, &hash).0, keel_store::log::LZ4);
+
+    // Another connection (a resumed run) starts the series afresh: its first is stored alone.
+    let mut again = Store::open(&dir.path().join(".keel/keel.db")).unwrap();
+    let lease = again
+        .acquire("r1", "me", 5000, 1000, false, &|_| false)
+        .unwrap();
+    let run = again.run("r1").unwrap();
+    let hash = again.put_artifact_in("r1/request", &requests[3]).unwrap();
+    assert_eq!(hash, hashes[3]);
+    let fresh = again.put_artifact_in("r1/request", &later[12]).unwrap();
+    let (events, next_run) = next(&run, vec![resumed(lease.token)]);
+    again.commit(&lease, &events, &next_run, None, 0).unwrap();
+    assert_eq!(
+        keel_store::log::decode_blobs(&latest_blobs(&dir))
+            .unwrap()
+            .iter()
+            .map(|b| (b.0.clone(), b.1))
+            .collect::<Vec<_>>(),
+        vec![
+            (hashes[3].clone(), keel_store::log::LZ4),
+            (fresh, keel_store::log::LZ4_BASED)
+        ],
+    );
+}
+
+/// The `blobs` column of the newest log row that has one.
+fn latest_blobs(dir: &tempfile::TempDir) -> Vec<u8> {
+    rusqlite_open(dir)
+        .query_row(
+            "SELECT blobs FROM log WHERE blobs IS NOT NULL ORDER BY id DESC LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+}
+
+#[test]
+fn a_damaged_base_is_damage_of_every_request_stored_against_it() {
+    let (dir, mut store) = open();
+    let (e, run) = created("r1");
+    let lease = store.create_run(&e, &run, "me", 0, 1000).unwrap();
+    let requests = requests(2);
+    let base = store.put_artifact_in("r1/request", &requests[0]).unwrap();
+    let based = store.put_artifact_in("r1/request", &requests[1]).unwrap();
+    let (events, run2) = next(&run, vec![resumed(1)]);
+    store.commit(&lease, &events, &run2, None, 0).unwrap();
+    assert_eq!(stored_blob(&dir, &based).0, keel_store::log::LZ4_BASED);
+    assert_eq!(
+        store.read_artifact(&based, usize::MAX).unwrap(),
+        requests[1]
+    );
+
+    // One byte of the base's frame changed: the base and the request against it are unsound.
+    let (row, codec, mut bytes) = stored_blob_row(&dir, &base);
+    let (_, based_codec, based_bytes) = stored_blob_row(&dir, &based);
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x20;
+    let (blobs, _) = keel_store::log::encode_blobs(&[
+        (base.clone(), codec, bytes),
+        (based.clone(), based_codec, based_bytes.clone()),
+    ]);
+    rusqlite_open(&dir)
+        .execute(
+            "UPDATE log SET blobs = ?2 WHERE id = ?1",
+            rusqlite::params![row, blobs],
+        )
+        .unwrap();
+    assert!(!store.verify_artifact(&based).unwrap());
+    let all = [base.clone(), based.clone()].into_iter().collect();
+    let mut bad = store.unsound_run_artifacts("r1", &all).unwrap();
+    bad.sort();
+    let mut expected = vec![base.clone(), based.clone()];
+    expected.sort();
+    assert_eq!(bad, expected);
+
+    // The base gone from the row: the request against it says which base it misses.
+    let (blobs, _) = keel_store::log::encode_blobs(&[(based.clone(), based_codec, based_bytes)]);
+    rusqlite_open(&dir)
+        .execute(
+            "UPDATE log SET blobs = ?2 WHERE id = ?1",
+            rusqlite::params![row, blobs],
+        )
+        .unwrap();
+    let err = store.read_artifact(&based, usize::MAX).unwrap_err();
+    assert!(
+        matches!(&err, StoreError::DamagedBlob { hash: h, .. } if *h == based)
+            && err.to_string().contains(&base),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_contract_is_stored_with_the_run_that_names_it_and_only_once() {
     let (dir, mut store) = open();
