@@ -192,7 +192,9 @@ impl PrivateTmp {
     }
 }
 
-/// Whether `path` has any extended attribute (an ACL is one), or it cannot be told.
+/// Whether `path` has any extended attribute (an ACL is one), or it cannot be told. Any at all:
+/// on a system that labels every file (SELinux) no directory is kept, and each is removed as
+/// before, rather than tell which labels a command may have changed.
 fn has_attributes(path: &Path) -> bool {
     // An empty list is 0 bytes long; a list longer than the buffer is an error (ERANGE).
     let mut names = [0u8; 256];
