@@ -1,5 +1,6 @@
 //! Counting tokens before a call, to keep a prompt within `context_tokens`.
 
+use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use tiktoken_rs::CoreBPE;
@@ -82,17 +83,16 @@ impl Encoding {
     }
 }
 
-/// How many counts a counter remembers, and the shortest text it remembers one for.
-const MEMO_ENTRIES: usize = 8;
-const MEMO_MIN_BYTES: usize = 256;
+/// The bytes of remembered pieces a generation of [`Pieces`] holds before it is retired.
+const PIECES_GENERATION_BYTES: usize = 4 << 20;
 
 struct Bpe {
     encoding: Encoding,
     bpe: &'static CoreBPE,
-    /// The counts of the texts counted most recently, by their BLAKE3 hash, least recently
-    /// used first: every step's prompt counts the same harness rules and tool list again, and
-    /// hashing a text costs a small fraction of encoding it.
-    memo: Mutex<Vec<([u8; 32], u64)>>,
+    /// The counts of pieces of texts counted before (see [`pieces`]), shared by every counter
+    /// of the encoding in the process: a step's prompt is mostly the lines of the one before
+    /// (the rules, the task, notes, plan, observations), and runs of one contract share theirs.
+    known: &'static Mutex<Pieces>,
 }
 
 impl Bpe {
@@ -100,13 +100,107 @@ impl Bpe {
         Bpe {
             encoding,
             bpe,
-            memo: Mutex::new(Vec::with_capacity(MEMO_ENTRIES)),
+            known: encoding.pieces(),
+        }
+    }
+}
+
+impl Encoding {
+    fn pieces(self) -> &'static Mutex<Pieces> {
+        static O200K: OnceLock<Mutex<Pieces>> = OnceLock::new();
+        static CL100K: OnceLock<Mutex<Pieces>> = OnceLock::new();
+        match self {
+            Encoding::O200k => &O200K,
+            Encoding::Cl100k => &CL100K,
+        }
+        .get_or_init(|| Mutex::new(Pieces::new(PIECES_GENERATION_BYTES)))
+    }
+}
+
+/// Splits `text` where both encodings' pre-tokenizer patterns always end a piece, so the tokens
+/// of the whole are the sum of the tokens of the parts: right after a line feed that is followed
+/// by a character that is neither whitespace nor `/`. No alternative of either pattern can run
+/// across such a place: a run of letters, digits or of other symbols never holds a line feed
+/// (the optional first character of a word excludes it); symbols take line feeds after them
+/// (`[\r\n]*`, in o200k also `/`) and whitespace runs take whitespace, none of which follows;
+/// and a piece that ends the part (`\s++$`, the end of text for cl100k) is the whitespace run
+/// ending in that line feed, which the whole text splits the same way. The patterns look ahead
+/// only, so what follows the place is split alike alone or in the whole.
+/// `tests::pieces_count_as_the_whole` checks this against both encodings on random text.
+fn pieces(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut from = 0;
+        let cut = loop {
+            match rest[from..].find('\n') {
+                None => break rest.len(),
+                Some(i) => {
+                    let after = from + i + 1;
+                    match rest[after..].chars().next() {
+                        None => break rest.len(),
+                        Some(c) if !c.is_whitespace() && c != '/' => break after,
+                        Some(_) => from = after,
+                    }
+                }
+            }
+        };
+        let (piece, tail) = rest.split_at(cut);
+        rest = tail;
+        Some(piece)
+    })
+}
+
+/// Remembered token counts of pieces, in two generations: a piece is looked up in the newer,
+/// then in the older (and moved to the newer); once the newer holds `generation_bytes` of
+/// pieces it becomes the older and the older is dropped. So the memory is bounded and the
+/// pieces still in use stay.
+struct Pieces {
+    newer: HashMap<Box<str>, u32>,
+    older: HashMap<Box<str>, u32>,
+    newer_bytes: usize,
+    generation_bytes: usize,
+}
+
+impl Pieces {
+    fn new(generation_bytes: usize) -> Pieces {
+        Pieces {
+            newer: HashMap::new(),
+            older: HashMap::new(),
+            newer_bytes: 0,
+            generation_bytes,
         }
     }
 
-    fn memo(&self) -> std::sync::MutexGuard<'_, Vec<([u8; 32], u64)>> {
-        // The memo holds only finished counts: one left by a thread that panicked is as good.
-        self.memo
+    fn get(&mut self, piece: &str) -> Option<u32> {
+        if let Some(&n) = self.newer.get(piece) {
+            return Some(n);
+        }
+        let (key, n) = self.older.remove_entry(piece)?;
+        self.insert_key(key, n);
+        Some(n)
+    }
+
+    fn insert(&mut self, piece: &str, n: u32) {
+        if !self.newer.contains_key(piece) {
+            self.insert_key(piece.into(), n);
+        }
+    }
+
+    fn insert_key(&mut self, key: Box<str>, n: u32) {
+        if self.newer_bytes + key.len() > self.generation_bytes {
+            self.older = std::mem::take(&mut self.newer);
+            self.newer_bytes = 0;
+        }
+        self.newer_bytes += key.len();
+        self.newer.insert(key, n);
+    }
+
+    fn lock(known: &Mutex<Pieces>) -> std::sync::MutexGuard<'_, Pieces> {
+        // Pieces holds only finished counts: one left by a thread that panicked is as good.
+        known
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -114,27 +208,36 @@ impl Bpe {
 
 impl TokenCounter for Bpe {
     /// Special-token text such as `<|endoftext|>` is counted as ordinary text, as the APIs
-    /// treat it in a message.
+    /// treat it in a message. The count is exact: the text's [`pieces`] are counted (or
+    /// remembered) one by one, and their sum is the whole's.
     fn count(&self, text: &str) -> u64 {
-        if text.len() < MEMO_MIN_BYTES {
-            return self.bpe.encode_ordinary(text).len() as u64;
-        }
-        let hash = *blake3::hash(text.as_bytes()).as_bytes();
+        let mut total = 0u64;
+        let mut unknown = Vec::new();
         {
-            let mut memo = self.memo();
-            if let Some(i) = memo.iter().position(|(h, _)| *h == hash) {
-                let entry = memo.remove(i);
-                memo.push(entry);
-                return entry.1;
+            let mut known = Pieces::lock(self.known);
+            for piece in pieces(text) {
+                match known.get(piece) {
+                    Some(n) => total += u64::from(n),
+                    None => unknown.push(piece),
+                }
             }
         }
-        let n = self.bpe.encode_ordinary(text).len() as u64;
-        let mut memo = self.memo();
-        if memo.len() >= MEMO_ENTRIES {
-            memo.remove(0);
+        if unknown.is_empty() {
+            return total;
         }
-        memo.push((hash, n));
-        n
+        let counted: Vec<(&str, usize)> = unknown
+            .into_iter()
+            .map(|piece| (piece, self.bpe.encode_ordinary(piece).len()))
+            .collect();
+        let mut known = Pieces::lock(self.known);
+        for (piece, n) in counted {
+            total += n as u64;
+            // A piece of more than 4 billion tokens is counted, not remembered.
+            if let Ok(n) = u32::try_from(n) {
+                known.insert(piece, n);
+            }
+        }
+        total
     }
 
     fn name(&self) -> &str {
@@ -177,20 +280,25 @@ mod tests {
         }
     }
 
-    /// Remembered counts are the counts: texts counted again, in turn and after others pushed
-    /// them out of the memo, count as a fresh encoding does.
+    /// Remembered counts are the counts: texts counted again, in turn and after newer pieces
+    /// retired the generation that held them, count as a fresh encoding of the whole does.
     #[test]
     fn remembered_counts_equal_fresh_ones() {
         let bpe = Encoding::O200k.bpe().unwrap();
-        let counter = Bpe::new(Encoding::O200k, bpe);
-        let texts: Vec<String> = (0..MEMO_ENTRIES + 3)
+        let known: &'static Mutex<Pieces> = Box::leak(Box::new(Mutex::new(Pieces::new(64))));
+        let counter = Bpe {
+            encoding: Encoding::O200k,
+            bpe,
+            known,
+        };
+        let texts: Vec<String> = (0..12)
             .map(|i| {
                 format!(
-                    "step {i}: {}",
-                    "the harness rules say keep going. ".repeat(10 + i)
+                    "step {i}:\n{}",
+                    "the harness rules say keep going.\n".repeat(3 + i)
                 )
             })
-            .chain(["short".to_string()])
+            .chain(["short".to_string(), String::new()])
             .collect();
         let fresh = |t: &str| bpe.encode_ordinary(t).len() as u64;
         for round in 0..3 {
@@ -199,12 +307,55 @@ mod tests {
                 assert_eq!(counter.count(&texts[0]), fresh(&texts[0]), "round {round}");
             }
         }
-        assert!(counter.memo().len() <= MEMO_ENTRIES);
+        let held = Pieces::lock(known);
+        assert!(held.newer_bytes <= 64, "{}", held.newer_bytes);
+        assert!(!held.older.is_empty(), "a generation was retired");
+        drop(held);
         // A text that differs from a remembered one is counted, not taken for it.
         let (a, b) = (texts[1].clone(), format!("{} and then some", texts[1]));
         let (na, nb) = (counter.count(&a), counter.count(&b));
         assert_eq!((na, nb), (fresh(&a), fresh(&b)));
         assert_ne!(na, nb);
+    }
+
+    #[test]
+    fn pieces_cut_after_a_line_feed_before_a_non_space() {
+        fn cut(t: &str) -> Vec<&str> {
+            pieces(t).collect()
+        }
+        assert_eq!(cut("a\nb\n"), ["a\n", "b\n"]);
+        assert_eq!(cut("a\n b\n\nc"), ["a\n b\n\n", "c"]);
+        assert_eq!(cut("a.\n/b\n\u{a0}c\nd"), ["a.\n/b\n\u{a0}c\n", "d"]);
+        assert_eq!(cut(""), Vec::<&str>::new());
+        assert_eq!(pieces("x\ny\n z").collect::<String>(), "x\ny\n z");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+        /// The sum of the pieces' counts is the whole's, in both encodings, for text made of
+        /// what could break it: line feeds and carriage returns next to spaces, tabs, Unicode
+        /// spaces, slashes, symbols, contractions, digits, letters of several scripts.
+        #[test]
+        fn pieces_count_as_the_whole(parts in proptest::collection::vec(
+            proptest::sample::select(vec![
+                "\n", "\n", "\n", "\r\n", "\r", " ", "  ", "\t", "\u{a0}", "\u{2028}",
+                "/", "//", ".", "...", "'s", "'LL", "-", "```", "{\"a\": 1}", "(x)", "→",
+                "word", "Word", "WORDS", "éclair", "日本語", "данные", "🙂", "7", "2026", "x1",
+                "fn main()", "  indented", "\n\n", " \n", "\n ", "/\n", "\n/",
+            ]),
+            0..60,
+        )) {
+            let text: String = parts.concat();
+            for encoding in [Encoding::O200k, Encoding::Cl100k] {
+                let bpe = encoding.bpe().unwrap();
+                let whole = bpe.encode_ordinary(&text).len() as u64;
+                let summed: u64 = pieces(&text)
+                    .map(|p| bpe.encode_ordinary(p).len() as u64)
+                    .sum();
+                proptest::prop_assert_eq!(summed, whole, "{} on {:?}", encoding.name(), text);
+                proptest::prop_assert_eq!(Bpe::new(encoding, bpe).count(&text), whole);
+            }
+        }
     }
 
     #[test]
