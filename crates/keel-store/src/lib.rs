@@ -198,6 +198,14 @@ impl CheckpointRow {
     }
 }
 
+/// The base of a series of artifacts: the last one stored alone.
+struct Base {
+    hash: String,
+    bytes: Vec<u8>,
+    /// The length of its stored frame.
+    stored_len: usize,
+}
+
 pub struct Store {
     conn: Connection,
     path: PathBuf,
@@ -207,9 +215,9 @@ pub struct Store {
     pending_blobs: std::cell::RefCell<Vec<(String, i64, Vec<u8>)>>,
     /// Contracts waiting for the next commit (the creation of the run that names them).
     pending_contracts: std::cell::RefCell<Vec<batch::ContractText>>,
-    /// The base of each series of artifacts (see [`Store::put_artifact_in`]): its hash and
-    /// bytes. Stored alone, with a commit of this connection or waiting for one.
-    series: std::cell::RefCell<std::collections::HashMap<String, (String, Vec<u8>)>>,
+    /// The base of each series of artifacts (see [`Store::put_artifact_in`]). Stored alone,
+    /// with a commit of this connection or waiting for one.
+    series: std::cell::RefCell<std::collections::HashMap<String, Base>>,
     /// The `steps` and `budgets` rows this connection last wrote for each run it holds, so a
     /// commit rewrites only the rows that changed (a long run has thousands of steps).
     rows: std::cell::RefCell<std::collections::HashMap<String, Rows>>,
@@ -319,8 +327,9 @@ impl Store {
     /// [`Store::put_artifact`] for an artifact of a series of much alike ones (a run's requests:
     /// each is mostly the one before). A small one may be stored against the series' base, the
     /// last of its artifacts stored alone: an LZ4 block with the base's bytes as its dictionary
-    /// (`blob::LZ4_BASED`). It is when that takes at most a third of what it takes alone;
-    /// otherwise it is stored alone and becomes the base. A base is always stored alone, so a
+    /// (`blob::LZ4_BASED`). It is when that takes at most a third of what it takes alone (first
+    /// estimated from the base's own ratio, and compressed alone to know only when the estimate
+    /// says no); otherwise it is stored alone and becomes the base. A base is always stored alone, so a
     /// read needs at most one other blob; the series starts afresh with each connection (a
     /// resumed run) and after a cut tail.
     pub fn put_artifact_in(&self, series: &str, bytes: &[u8]) -> Result<String, StoreError> {
@@ -333,20 +342,42 @@ impl Store {
         if pending.iter().any(|(h, _, _)| *h == hash) {
             return Ok(hash);
         }
-        let (codec, alone) = blob::encode(&bytes);
         let mut bases = self.series.borrow_mut();
+        // Against the base when that takes at most a third of what the artifact takes alone.
+        // What it takes alone is first estimated from the base (alike text compresses alike:
+        // the base's frame, scaled by the lengths), and compressed to know only when the
+        // estimate says no, so a step compresses its request once.
         let based = bases
             .get(series)
-            .filter(|(base, _)| *base != hash)
-            .and_then(|(base_hash, base)| blob::encode_based(&bytes, base_hash, base))
-            .filter(|frame| frame.len() <= alone.len() / 3);
-        match based {
-            Some(frame) => pending.push((hash.clone(), blob::LZ4_BASED, frame)),
-            None => {
-                pending.push((hash.clone(), codec, alone.into_owned()));
-                bases.insert(series.to_string(), (hash.clone(), bytes.into_owned()));
-            }
+            .filter(|base| base.hash != hash)
+            .and_then(|base| {
+                let frame = blob::encode_based(&bytes, &base.hash, &base.bytes)?;
+                let estimate = base.stored_len * bytes.len() / base.bytes.len().max(1);
+                Some((frame, estimate))
+            });
+        let alone = |bytes: &[u8]| {
+            let (codec, alone) = blob::encode(bytes);
+            (codec, alone.into_owned())
+        };
+        let (codec, frame) = match based {
+            Some((frame, estimate)) if frame.len() <= estimate / 3 => (blob::LZ4_BASED, frame),
+            Some((frame, _)) => match alone(&bytes) {
+                (_, stored) if frame.len() <= stored.len() / 3 => (blob::LZ4_BASED, frame),
+                stored => stored,
+            },
+            None => alone(&bytes),
+        };
+        if codec != blob::LZ4_BASED {
+            bases.insert(
+                series.to_string(),
+                Base {
+                    hash: hash.clone(),
+                    stored_len: frame.len(),
+                    bytes: bytes.into_owned(),
+                },
+            );
         }
+        pending.push((hash.clone(), codec, frame));
         Ok(hash)
     }
 
