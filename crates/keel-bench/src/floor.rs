@@ -1,5 +1,6 @@
-//! The floor: one single-row SQLite commit, fsynced, with the settings keel-store uses (WAL,
-//! `synchronous = FULL`), on the disk the other figures use.
+//! The floor: one single-row SQLite commit, synced to disk, with the settings and the build of
+//! SQLite keel-store uses (WAL, `synchronous = FULL`, `fdatasync`), on the disk the other
+//! figures use.
 
 use std::path::Path;
 use std::time::Instant;

@@ -2,8 +2,8 @@
 //! reference it is judged against, by driving keel-engine and keel-store as libraries on
 //! temporary git workspaces.
 //!
-//! - `sqlite_commit_us`: the floor, one fsynced single-row SQLite commit (WAL,
-//!   `synchronous = FULL`, as keel-store) on the same disk.
+//! - `sqlite_commit_us`: the floor, one synced single-row SQLite commit (WAL,
+//!   `synchronous = FULL`, the same SQLite build as keel-store's) on the same disk.
 //! - `step_overhead_us`, `cpu_us_per_step`, `step_breakdown`: the durable cost of one agent step
 //!   of the survey run (scripted driver, read-only `note`/`read`/`plan` calls), timed step by step,
 //!   and where it goes.
@@ -196,10 +196,11 @@ fn main() -> Result<()> {
             "none: this is the floor step_overhead_us is judged against",
             None,
             "One INSERT of a 300-byte row in BEGIN IMMEDIATE … COMMIT, WAL, synchronous = \
-             FULL (keel-store's settings), in the same temporary directory as the runs; \
-             half the commits before the survey run and half after it. cpu_us_per_commit is \
-             this process's user + system time over those commits (the fsync's work in the \
-             kernel included), divided by them.",
+             FULL (keel-store's settings, with the same build of SQLite: it syncs with \
+             fdatasync), in the same temporary directory as the runs; half the commits before \
+             the survey run and half after it. cpu_us_per_commit is this process's user + \
+             system time over those commits (the sync's work in the kernel included), divided \
+             by them.",
         );
         f.insert("cpu_us_per_commit".into(), json!(floor_cpu));
         report.insert("sqlite_commit_us".into(), Value::Object(f));

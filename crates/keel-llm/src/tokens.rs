@@ -84,7 +84,7 @@ impl Encoding {
 }
 
 /// The bytes of remembered pieces a generation of [`Pieces`] holds before it is retired.
-const PIECES_GENERATION_BYTES: usize = 4 << 20;
+const PIECES_GENERATION_BYTES: usize = 1 << 20;
 
 struct Bpe {
     encoding: Encoding,
