@@ -329,9 +329,9 @@ impl Store {
     /// last of its artifacts stored alone: an LZ4 block with the base's bytes as its dictionary
     /// (`blob::LZ4_BASED`). It is when that takes at most a third of what it takes alone (first
     /// estimated from the base's own ratio, and compressed alone to know only when the estimate
-    /// says no); otherwise it is stored alone and becomes the base. A base is always stored alone, so a
-    /// read needs at most one other blob; the series starts afresh with each connection (a
-    /// resumed run) and after a cut tail.
+    /// says no); otherwise it is stored alone and becomes the base. A base is always stored
+    /// alone, so a read needs at most one other blob; the series starts afresh with each
+    /// connection (a resumed run) and after a cut tail.
     pub fn put_artifact_in(&self, series: &str, bytes: &[u8]) -> Result<String, StoreError> {
         if bytes.len() > INLINE_ARTIFACT_BYTES {
             return self.artifacts.put(bytes);

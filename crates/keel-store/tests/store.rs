@@ -549,6 +549,23 @@ fn a_series_of_alike_requests_is_stored_against_a_base_and_read_back_whole() {
         Vec::<String>::new()
     );
 
+    // One that compresses far better than the base is judged by the estimate from the base's
+    // ratio, and kept against it within a third of that estimate; it reads back whole.
+    let repetitive = b"something else entirely, ".repeat(200);
+    let hash = store.put_artifact_in("r1/request", &repetitive).unwrap();
+    let (events, next_run) = next(&run, vec![resumed(1)]);
+    store.commit(&lease, &events, &next_run, None, 0).unwrap();
+    let run = next_run;
+    let (codec, stored) = stored_blob(&dir, &hash);
+    assert_eq!(codec, keel_store::log::LZ4_BASED);
+    let estimate = first.len() * repetitive.len() / requests[0].len();
+    assert!(
+        stored.len() * 3 <= estimate,
+        "{} against {estimate}",
+        stored.len()
+    );
+    assert_eq!(store.read_artifact(&hash, usize::MAX).unwrap(), repetitive);
+
     // A request unlike the base (the same words backwards: as compressible, little in common)
     // is stored alone, and is the base of those after it.
     let other: Vec<u8> = requests[5].iter().rev().copied().collect();
