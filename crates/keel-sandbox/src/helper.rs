@@ -207,8 +207,22 @@ fn run_stage1(request: &Request) -> Result<i32, SandboxError> {
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&signals), None).map_err(errno_io("block signals"))?;
 
     let mut flags = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWIPC;
-    if !policy.network {
-        flags |= CloneFlags::CLONE_NEWNET;
+    match (&request.net, policy.network) {
+        (Some(_), true) => {
+            return Err(SandboxError::BadRequest(
+                "a network namespace was given for a command that may use the network".into(),
+            ));
+        }
+        (Some(path), false) if root => {
+            if !enter_kept_net(path, &request.private)? {
+                flags |= CloneFlags::CLONE_NEWNET;
+            }
+        }
+        // Not root (a root caller that started the helper as another user): the user namespace
+        // it makes must own the command's network namespace, so it makes that too, leaving the
+        // caller's untouched.
+        (_, false) => flags |= CloneFlags::CLONE_NEWNET,
+        (None, true) => {}
     }
     if !root {
         flags |= CloneFlags::CLONE_NEWUSER;
@@ -284,6 +298,32 @@ fn run_stage1(request: &Request) -> Result<i32, SandboxError> {
         end.write();
     }
     Ok(code)
+}
+
+/// Enters the network namespace the caller made or kept for the command (see `netns`), if it
+/// is as made: loopback its only interface, and down. False when it is not: stage 1 then makes
+/// the command a fresh one, and leaves the marker that tells the caller to drop this one.
+fn enter_kept_net(path: &Path, private: &Path) -> Result<bool, SandboxError> {
+    let net = File::open(path).map_err(io(format!(
+        "open the network namespace {} the caller made for the command",
+        path.display()
+    )))?;
+    nix::sched::setns(&net, CloneFlags::CLONE_NEWNET).map_err(|source| SandboxError::Unshare {
+        what: format!("enter the network namespace {}", path.display()),
+        source,
+    })?;
+    let as_made = nix::ifaddrs::getifaddrs().is_ok_and(|mut interfaces| {
+        interfaces.all(|i| {
+            i.interface_name == "lo" && !i.flags.contains(nix::net::if_::InterfaceFlags::IFF_UP)
+        })
+    });
+    if !as_made {
+        File::create(private.join(crate::netns::SPOILED)).map_err(io(format!(
+            "mark the network namespace {} as not to be kept",
+            path.display()
+        )))?;
+    }
+    Ok(as_made)
 }
 
 /// The end file: its directory (open) and its name in it.

@@ -14,8 +14,9 @@
 //!
 //! 1. **Stage 1** (in the caller's process group) blocks SIGTERM, SIGINT, SIGHUP, SIGQUIT and
 //!    SIGCHLD, creates a per-command pids cgroup when running as root, then `unshare`s a mount
-//!    namespace, a pid namespace, an IPC namespace, a network namespace (unless `network` is true) and, when not
-//!    root, a user namespace in which the caller's uid and gid are mapped to 0 (setgroups
+//!    namespace, a pid namespace, an IPC namespace, a network namespace (unless `network` is
+//!    true; as root it enters the one the caller made or kept instead, see **Network** below)
+//!    and, when not root, a user namespace in which the caller's uid and gid are mapped to 0 (setgroups
 //!    denied). It makes every mount private, covers each `hidden` path (a directory with an
 //!    empty read-only tmpfs of mode 000, anything else with a bind-mounted, read-only, empty file
 //!    of mode 000), mounts a fresh tmpfs on `/dev/shm`, and forks stage 2. It then waits; on
@@ -62,7 +63,9 @@
 //!   "Permission denied" (the cover is empty anyway).
 //! - **Network**: with `network: false` the command has a network namespace of its own with only
 //!   a loopback interface that is down: every TCP/UDP connect or send fails (`ENETUNREACH`).
-//!   Abstract unix sockets are per network namespace too.
+//!   Abstract unix sockets are per network namespace too. As root, the namespace is made by the
+//!   caller and kept for a later command once every process of this one is gone (never two
+//!   commands at once; see `netns.rs`).
 //! - **Environment**: exactly `policy.env` plus `TMPDIR`.
 //! - **Limits**: `RLIMIT_CPU` (SIGXCPU at the limit, SIGKILL a second later; the command itself,
 //!   being PID 1, does not get SIGXCPU and dies by the SIGKILL), `RLIMIT_AS`,
@@ -104,6 +107,7 @@
 mod cgroup;
 mod error;
 mod helper;
+mod netns;
 mod private;
 mod rules;
 
@@ -114,6 +118,7 @@ use serde::{Deserialize, Serialize};
 
 pub use error::SandboxError;
 pub use helper::{enter_if_helper, helper_main};
+pub use netns::kept as kept_network_namespaces;
 pub use private::{PrivateTmp, kept as kept_private_dirs};
 
 /// The exit code of the helper when the sandbox refused to start the command.
@@ -139,6 +144,7 @@ pub const BUILD: u64 = fnv1a(&[
     include_bytes!("rules.rs"),
     include_bytes!("cgroup.rs"),
     include_bytes!("error.rs"),
+    include_bytes!("netns.rs"),
     include_bytes!("../Cargo.toml"),
 ]);
 
@@ -241,6 +247,10 @@ pub(crate) struct Request {
     /// [`Sandbox::command_noting_end`]).
     #[serde(default)]
     pub ended: Option<PathBuf>,
+    /// A network namespace the caller made or kept for the command (`/proc/<caller>/fd/<n>`),
+    /// which stage 1 enters instead of making one; only as root, only without network.
+    #[serde(default)]
+    pub net: Option<PathBuf>,
     /// The starting program's [`BUILD`]: a helper of another build refuses the request.
     #[serde(default)]
     pub build: u64,
@@ -298,7 +308,10 @@ impl Sandbox {
                 path.display()
             )));
         }
-        let private = PrivateTmp::new()?;
+        let mut private = PrivateTmp::new()?;
+        if !policy.network {
+            private.net = netns::take();
+        }
         let mut policy = policy.clone();
         policy.env.retain(|(k, _)| k != "TMPDIR");
         policy
@@ -310,6 +323,7 @@ impl Sandbox {
             private: private.root().to_path_buf(),
             parent: std::process::id(),
             ended: ended.map(Path::to_path_buf),
+            net: private.net.as_ref().map(netns::path),
             build: BUILD,
         };
         let json = serde_json::to_string(&request).map_err(SandboxError::Serialize)?;

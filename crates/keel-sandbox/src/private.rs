@@ -20,11 +20,13 @@
 //! running.
 
 use std::fs;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, Once, PoisonError};
 
 use crate::error::SandboxError;
+use crate::netns;
 use crate::{COVER_FILE, REPORT_FILE};
 
 /// Directories kept for later commands at most (one per command that runs at the same time).
@@ -76,7 +78,9 @@ impl Made {
 
 /// A private temporary directory for one command: writable by it, its `TMPDIR`, removed on drop,
 /// or emptied and kept for the next command once the helper has exited by itself (see the
-/// module and [`PrivateTmp::helper_exited`]). It also holds the helper's refusal report.
+/// module and [`PrivateTmp::helper_exited`]). It also holds the helper's refusal report, and
+/// the command's network namespace when the caller made it (see `netns`), kept on the same
+/// condition.
 #[derive(Debug)]
 pub struct PrivateTmp {
     root: PathBuf,
@@ -85,6 +89,8 @@ pub struct PrivateTmp {
     made: [Made; 2],
     /// Whether the helper exited by itself (see [`PrivateTmp::helper_exited`]).
     ended: bool,
+    /// The command's network namespace, when the caller made it.
+    pub(crate) net: Option<OwnedFd>,
 }
 
 impl PrivateTmp {
@@ -97,6 +103,7 @@ impl PrivateTmp {
                 tmp,
                 made,
                 ended: false,
+                net: None,
             });
         }
         let root = tempfile::Builder::new()
@@ -126,6 +133,7 @@ impl PrivateTmp {
                 tmp,
                 made,
                 ended: false,
+                net: None,
             }),
             Err(e) => {
                 let _ = fs::remove_dir_all(&root);
@@ -136,7 +144,8 @@ impl PrivateTmp {
 
     /// Says that the helper was waited for and exited by itself (with an exit code, not killed
     /// by a signal). Its first stage exits only once every process of the command is gone, so
-    /// nothing can write into the directory any more and it may be kept for the next command.
+    /// nothing can write into the directory any more and it may be kept for the next command
+    /// (and so may the command's network namespace, nothing holding a socket in it).
     /// Without this, drop removes it: a helper killed with SIGKILL may leave the command's
     /// processes dying for a moment after it.
     pub fn helper_exited(&mut self) {
@@ -183,7 +192,8 @@ impl PrivateTmp {
                 continue;
             }
             // Stage 1 makes only these, outside the command's reach.
-            if (name != COVER_FILE && name != REPORT_FILE) || fs::remove_file(entry.path()).is_err()
+            if (name != COVER_FILE && name != REPORT_FILE && name != netns::SPOILED)
+                || fs::remove_file(entry.path()).is_err()
             {
                 return false;
             }
@@ -226,6 +236,12 @@ fn empty(dir: &Path) -> bool {
 
 impl Drop for PrivateTmp {
     fn drop(&mut self) {
+        if let Some(net) = self.net.take()
+            && self.ended
+            && !self.root.join(netns::SPOILED).exists()
+        {
+            netns::keep(net);
+        }
         if self.reset() {
             let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
             if pool.len() < KEPT {
