@@ -137,12 +137,16 @@ fn stage1() -> ! {
     }
 }
 
-/// Removes the cgroup when stage 1 is done with it, whatever happened.
-struct CgroupGuard(Option<PathBuf>);
+/// The command's cgroup; stage 1 removes the one it made when it is done with it, whatever
+/// happened (one the caller gave is the caller's to keep or remove).
+struct CgroupGuard {
+    dir: Option<PathBuf>,
+    made: bool,
+}
 
 impl Drop for CgroupGuard {
     fn drop(&mut self) {
-        if let Some(dir) = &self.0 {
+        if let (Some(dir), true) = (&self.dir, self.made) {
             cgroup::remove(dir);
         }
     }
@@ -187,10 +191,20 @@ fn run_stage1(request: &Request) -> Result<i32, SandboxError> {
         None => None,
     };
 
-    let guard = CgroupGuard(match (root, policy.limits.processes) {
-        (true, Some(max)) => Some(cgroup::create(max, std::process::id())?),
-        _ => None,
-    });
+    let guard = match (root, policy.limits.processes, &request.cgroup) {
+        (true, Some(_), Some(given)) => CgroupGuard {
+            dir: Some(given.clone()),
+            made: false,
+        },
+        (true, Some(max), None) => CgroupGuard {
+            dir: Some(cgroup::create(max, std::process::id())?),
+            made: true,
+        },
+        _ => CgroupGuard {
+            dir: None,
+            made: false,
+        },
+    };
 
     // Blocked before stage 2 exists, so that no SIGCHLD or SIGTERM is lost; std clears the mask
     // in the child it spawns.
@@ -271,7 +285,7 @@ fn run_stage1(request: &Request) -> Result<i32, SandboxError> {
     let stage2 = Stage2 {
         request: request.clone(),
         parent: std::process::id(),
-        cgroup: guard.0.clone(),
+        cgroup: guard.dir.clone(),
         extra_writable,
     };
     let pid = fork_stage2(stage2)?;

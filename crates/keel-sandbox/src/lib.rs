@@ -116,6 +116,7 @@ use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
+pub use cgroup::kept as kept_cgroups;
 pub use error::SandboxError;
 pub use helper::{enter_if_helper, helper_main};
 pub use netns::kept as kept_network_namespaces;
@@ -251,6 +252,11 @@ pub(crate) struct Request {
     /// which stage 1 enters instead of making one; only as root, only without network.
     #[serde(default)]
     pub net: Option<PathBuf>,
+    /// A pids cgroup the caller made or kept for the command, `pids.max` set: stage 2 moves
+    /// into it, and stage 1 neither makes nor removes one. Only as root, only with a process
+    /// limit.
+    #[serde(default)]
+    pub cgroup: Option<PathBuf>,
     /// The starting program's [`BUILD`]: a helper of another build refuses the request.
     #[serde(default)]
     pub build: u64,
@@ -312,6 +318,9 @@ impl Sandbox {
         if !policy.network {
             private.net = netns::take();
         }
+        if let Some(max) = policy.limits.processes {
+            private.cgroup = cgroup::take(max);
+        }
         let mut policy = policy.clone();
         policy.env.retain(|(k, _)| k != "TMPDIR");
         policy
@@ -324,6 +333,7 @@ impl Sandbox {
             parent: std::process::id(),
             ended: ended.map(Path::to_path_buf),
             net: private.net.as_ref().map(netns::path),
+            cgroup: private.cgroup.clone(),
             build: BUILD,
         };
         let json = serde_json::to_string(&request).map_err(SandboxError::Serialize)?;

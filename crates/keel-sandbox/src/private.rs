@@ -91,6 +91,8 @@ pub struct PrivateTmp {
     ended: bool,
     /// The command's network namespace, when the caller made it.
     pub(crate) net: Option<OwnedFd>,
+    /// The command's pids cgroup, when the caller made it.
+    pub(crate) cgroup: Option<PathBuf>,
 }
 
 impl PrivateTmp {
@@ -104,6 +106,7 @@ impl PrivateTmp {
                 made,
                 ended: false,
                 net: None,
+                cgroup: None,
             });
         }
         let root = tempfile::Builder::new()
@@ -134,6 +137,7 @@ impl PrivateTmp {
                 made,
                 ended: false,
                 net: None,
+                cgroup: None,
             }),
             Err(e) => {
                 let _ = fs::remove_dir_all(&root);
@@ -145,7 +149,8 @@ impl PrivateTmp {
     /// Says that the helper was waited for and exited by itself (with an exit code, not killed
     /// by a signal). Its first stage exits only once every process of the command is gone, so
     /// nothing can write into the directory any more and it may be kept for the next command
-    /// (and so may the command's network namespace, nothing holding a socket in it).
+    /// (and so may the command's network namespace, nothing holding a socket in it, and its
+    /// cgroup, once no task is left in it).
     /// Without this, drop removes it: a helper killed with SIGKILL may leave the command's
     /// processes dying for a moment after it.
     pub fn helper_exited(&mut self) {
@@ -242,6 +247,13 @@ impl Drop for PrivateTmp {
         {
             netns::keep(net);
         }
+        if let Some(dir) = self.cgroup.take() {
+            if self.ended {
+                crate::cgroup::give_back(dir);
+            } else {
+                crate::cgroup::abandon(dir);
+            }
+        }
         if self.reset() {
             let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
             if pool.len() < KEPT {
@@ -270,10 +282,11 @@ fn remove_kept() {
     for Kept { root, .. } in kept {
         let _ = fs::remove_dir_all(root);
     }
+    crate::cgroup::remove_kept();
 }
 
-/// Registers [`remove_kept`] with `atexit`, once.
-fn remove_kept_at_exit() {
+/// Registers [`remove_kept`] (which also removes the kept cgroups) with `atexit`, once.
+pub(crate) fn remove_kept_at_exit() {
     static REGISTERED: Once = Once::new();
     extern "C" fn at_exit() {
         // Nothing may unwind out of an `extern "C"` function.

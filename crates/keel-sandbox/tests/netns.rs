@@ -53,18 +53,12 @@ if libc.setns(fd, 0x40000000) != 0:
 fcntl.ioctl(socket.socket(socket.AF_INET, socket.SOCK_DGRAM), 0x8914, struct.pack("16sh", b"lo", 1))
 "#;
 
-/// Runs `script` in the sandbox to its end, says the helper exited by itself when it did, and
-/// returns its stdout with the private directory dropped (and the namespace kept or not).
+/// Runs `script` with python in the sandbox to its end (see [`common::run_to_end`]).
 fn run(f: &Fixture, script: &str, exited: bool) -> String {
-    let policy = f.policy(vec![python(), "-c".into(), script.into()]);
-    let (mut cmd, mut tmp) = common::sandbox().command(&policy).unwrap();
-    let out = cmd.stderr(Stdio::inherit()).output().unwrap();
-    assert!(out.status.success(), "{out:?}");
-    if exited {
-        tmp.helper_exited();
-    }
-    drop(tmp);
-    String::from_utf8(out.stdout).unwrap()
+    common::run_to_end(
+        &f.policy(vec![python(), "-c".into(), script.into()]),
+        exited,
+    )
 }
 
 /// The namespace a command printed (`net:[N]`).

@@ -177,3 +177,39 @@ pub fn unique(prefix: &str) -> String {
             .as_nanos()
     )
 }
+
+/// Runs `policy` to its end (stdout captured, stderr passed through), says the helper exited by
+/// itself when `exited`, and returns the stdout with the private directory dropped (kept or
+/// removed, and with it the command's network namespace and cgroup).
+pub fn run_to_end(policy: &Policy, exited: bool) -> String {
+    let (mut cmd, mut tmp) = sandbox().command(policy).unwrap();
+    let out = cmd.stderr(Stdio::inherit()).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    if exited {
+        tmp.helper_exited();
+    }
+    drop(tmp);
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A python script that forks sleeping children until a fork is refused (`fork refused
+/// <errno>`) or it has `tries`, then prints `children <n>`.
+pub fn forks_script(tries: u32) -> String {
+    format!(
+        "
+import os, time
+children = 0
+for i in range({tries}):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        print('fork refused', e.errno)
+        break
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    children += 1
+print('children', children)
+"
+    )
+}
