@@ -315,22 +315,18 @@ fn run_stage1(request: &Request) -> Result<i32, SandboxError> {
 }
 
 /// Enters the network namespace the caller made or kept for the command (see `netns`), if it
-/// is as made: loopback its only interface, and down. False when it is not: stage 1 then makes
-/// the command a fresh one, and leaves the marker that tells the caller to drop this one.
+/// can (the caller's descriptor opens, `setns` succeeds) and the namespace is as made: loopback
+/// its only interface, and down. False when not: stage 1 then makes the command a fresh one, as
+/// it would without the caller's, and leaves the marker that tells the caller to drop this one.
 fn enter_kept_net(path: &Path, private: &Path) -> Result<bool, SandboxError> {
-    let net = File::open(path).map_err(io(format!(
-        "open the network namespace {} the caller made for the command",
-        path.display()
-    )))?;
-    nix::sched::setns(&net, CloneFlags::CLONE_NEWNET).map_err(|source| SandboxError::Unshare {
-        what: format!("enter the network namespace {}", path.display()),
-        source,
-    })?;
-    let as_made = nix::ifaddrs::getifaddrs().is_ok_and(|mut interfaces| {
-        interfaces.all(|i| {
-            i.interface_name == "lo" && !i.flags.contains(nix::net::if_::InterfaceFlags::IFF_UP)
-        })
-    });
+    let entered =
+        File::open(path).is_ok_and(|net| nix::sched::setns(&net, CloneFlags::CLONE_NEWNET).is_ok());
+    let as_made = entered
+        && nix::ifaddrs::getifaddrs().is_ok_and(|mut interfaces| {
+            interfaces.all(|i| {
+                i.interface_name == "lo" && !i.flags.contains(nix::net::if_::InterfaceFlags::IFF_UP)
+            })
+        });
     if !as_made {
         File::create(private.join(crate::netns::SPOILED)).map_err(io(format!(
             "mark the network namespace {} as not to be kept",

@@ -22,8 +22,9 @@
 //! datagrams could not be routed, say); they are no new channel between commands, whose reads
 //! the sandbox does not restrict anyway (a command reads the workspace another wrote). Stage 1
 //! still checks, before it uses a kept namespace, that loopback is its only interface and is
-//! down; if not, it makes a fresh one for the command and leaves [`SPOILED`] in the private
-//! directory, and the caller drops that namespace instead of keeping it.
+//! down; if not (or if it cannot enter the namespace at all), it makes a fresh one for the
+//! command and leaves [`SPOILED`] in the private directory, and the caller drops that namespace
+//! instead of keeping it.
 //!
 //! Not as root, the helper makes a user namespace, and the network namespace must belong to it:
 //! each command gets a fresh one as before.
@@ -37,8 +38,8 @@ use nix::sched::{CloneFlags, unshare};
 
 use crate::private::KEPT;
 
-/// The marker stage 1 leaves in the private directory when the kept namespace it was given was
-/// not as made (it ran the command in a fresh one): the caller drops that namespace.
+/// The marker stage 1 leaves in the private directory when it could not enter the namespace it
+/// was given or found it not as made (it ran the command in a fresh one): the caller drops it.
 pub(crate) const SPOILED: &str = "net-spoiled";
 
 /// Kept namespaces, ready for the next command.
