@@ -13,7 +13,8 @@
 //! on a virtual machine:
 //!
 //! 1. **Stage 1** (in the caller's process group) blocks SIGTERM, SIGINT, SIGHUP, SIGQUIT and
-//!    SIGCHLD, creates a per-command pids cgroup when running as root, then `unshare`s a mount
+//!    SIGCHLD, takes the pids cgroup the caller made for the command when running as root (or
+//!    makes one itself, when the caller gave none), then `unshare`s a mount
 //!    namespace, a pid namespace, an IPC namespace, a network namespace (unless `network` is
 //!    true; as root it enters the one the caller made or kept instead, see **Network** below)
 //!    and, when not root, a user namespace in which the caller's uid and gid are mapped to 0 (setgroups
@@ -22,7 +23,7 @@
 //!    of mode 000), mounts a fresh tmpfs on `/dev/shm`, and forks stage 2. It then waits; on
 //!    SIGTERM (or SIGINT, SIGHUP, SIGQUIT) it kills stage 2 with SIGKILL, and so it does when the
 //!    process that started it dies (`PR_SET_PDEATHSIG` is SIGTERM). When stage 2 is gone it
-//!    removes the cgroup, writes the end file if it was given one
+//!    removes the cgroup if it made it (the caller keeps or removes its own), writes the end file if it was given one
 //!    ([`Sandbox::command_noting_end`]), and exits with stage 2's exit code, or 128 + the
 //!    signal that killed it.
 //! 2. **Stage 2** is PID 1 of the new pid namespace. It joins the cgroup, sets
