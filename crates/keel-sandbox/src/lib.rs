@@ -13,19 +13,19 @@
 //! on a virtual machine:
 //!
 //! 1. **Stage 1** (in the caller's process group) blocks SIGTERM, SIGINT, SIGHUP, SIGQUIT and
-//!    SIGCHLD, takes the pids cgroup the caller made for the command when running as root (or
-//!    makes one itself, when the caller gave none), then `unshare`s a mount
-//!    namespace, a pid namespace, an IPC namespace, a network namespace (unless `network` is
-//!    true; as root it enters the one the caller made or kept instead, see **Network** below)
-//!    and, when not root, a user namespace in which the caller's uid and gid are mapped to 0 (setgroups
-//!    denied). It makes every mount private, covers each `hidden` path (a directory with an
-//!    empty read-only tmpfs of mode 000, anything else with a bind-mounted, read-only, empty file
-//!    of mode 000), mounts a fresh tmpfs on `/dev/shm`, and forks stage 2. It then waits; on
-//!    SIGTERM (or SIGINT, SIGHUP, SIGQUIT) it kills stage 2 with SIGKILL, and so it does when the
-//!    process that started it dies (`PR_SET_PDEATHSIG` is SIGTERM). When stage 2 is gone it
-//!    removes the cgroup if it made it (the caller keeps or removes its own), writes the end file if it was given one
-//!    ([`Sandbox::command_noting_end`]), and exits with stage 2's exit code, or 128 + the
-//!    signal that killed it.
+//!    SIGCHLD, takes the pids cgroup the caller made for the command when running as root (or makes
+//!    one itself, when the caller gave none), then `unshare`s a mount namespace, a pid namespace,
+//!    an IPC namespace, a network namespace (unless `network` is true; as root it enters the one
+//!    the caller made or kept instead, see **Network** below) and, when not root, a user namespace
+//!    in which the caller's uid and gid are mapped to 0 (setgroups denied). It makes every mount
+//!    private, covers each `hidden` path (a directory with an empty read-only tmpfs of mode 000,
+//!    anything else with a bind-mounted, read-only, empty file of mode 000), mounts a fresh tmpfs
+//!    on `/dev/shm`, and forks stage 2. It then waits; on SIGTERM (or SIGINT, SIGHUP, SIGQUIT) it
+//!    kills stage 2 with SIGKILL, and so it does when the process that started it dies
+//!    (`PR_SET_PDEATHSIG` is SIGTERM). When stage 2 is gone it removes the cgroup if it made it
+//!    (the caller keeps or removes its own), writes the end file if it was given one
+//!    ([`Sandbox::command_noting_end`]), and exits with stage 2's exit code, or 128 + the signal
+//!    that killed it.
 //! 2. **Stage 2** is PID 1 of the new pid namespace. It joins the cgroup, sets
 //!    `PR_SET_PDEATHSIG` to SIGKILL (and checks that stage 1 is still alive), mounts a fresh
 //!    `/proc` (which shows only the sandbox's processes), sets the resource limits, drops every
