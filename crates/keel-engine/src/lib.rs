@@ -1198,7 +1198,18 @@ pub fn verify_log(store: &Store, run_id: &str) -> Result<LogReport, EngineError>
             "the run's projection says the log ends at event {head_seq}, but it ends at {events}"
         ));
     }
+    problems.extend(store.unsound_log_rows(&id)?);
     let rows = store.checkpoints(&id)?;
+    // Checkpoint rows are only removed with the events that took them (a tail cut), so every
+    // checkpoint the log took has its row.
+    for (n, _) in checkpoint_hashes
+        .iter()
+        .filter(|(n, _)| !rows.iter().any(|row| row.n == **n))
+    {
+        problems.push(format!(
+            "checkpoint {n} was taken in the log but its row is missing from the store"
+        ));
+    }
     let mut artifacts = step_outputs;
     for row in &rows {
         let body_hash = blake3::hash(row.body.as_bytes()).to_hex().to_string();

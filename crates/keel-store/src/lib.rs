@@ -1255,6 +1255,57 @@ impl Store {
         Ok(bad)
     }
 
+    /// Rows of run `id`'s log whose stored blobs disagree with the names they carry (a row names
+    /// its blobs exactly when it holds some), as the events each row holds, and the first row
+    /// that cannot be read at all. This reads every row's `blobs` column, which the reads of a
+    /// row without blobs never touch, so that damage there is found too.
+    pub fn unsound_log_rows(&self, id: &str) -> Result<Vec<String>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT first_seq, last_seq, blob_hashes IS NULL, blobs IS NULL FROM log \
+                 WHERE run_id = ?1 ORDER BY last_seq",
+            )
+            .map_err(|e| self.sql(e))?;
+        let mut rows = stmt.query([id]).map_err(|e| self.sql(e))?;
+        let mut bad = Vec::new();
+        let mut read_to = 0u64;
+        loop {
+            let row = rows.next().and_then(|r| match r {
+                Some(r) => Ok(Some((
+                    r.get::<_, u64>(0)?,
+                    r.get::<_, u64>(1)?,
+                    r.get::<_, bool>(2)?,
+                    r.get::<_, bool>(3)?,
+                ))),
+                None => Ok(None),
+            });
+            match row {
+                Ok(None) => break,
+                Ok(Some((first, last, no_names, no_blobs))) => {
+                    read_to = last;
+                    if no_names != no_blobs {
+                        bad.push(format!(
+                            "the log's row of events {first}-{last} {}",
+                            if no_names {
+                                "holds blobs but names none"
+                            } else {
+                                "names blobs but holds none"
+                            }
+                        ));
+                    }
+                }
+                Err(e) => {
+                    bad.push(format!(
+                        "the log's row after event {read_to} cannot be read: {e}"
+                    ));
+                    break;
+                }
+            }
+        }
+        Ok(bad)
+    }
+
     /// Every checkpoint row of a run, oldest first.
     pub fn checkpoints(&self, id: &str) -> Result<Vec<CheckpointRow>, StoreError> {
         let mut stmt = self
