@@ -15,15 +15,22 @@
 //! extended attribute (no ACL that would grant the next command's files to someone), and
 //! everything the command left in it was removed. Anything else (a `tmp` it could not empty, a
 //! changed mode, an attribute) and the directory is removed as before. At most [`KEPT`]
-//! directories are kept; they are removed when the process exits normally (`atexit`). A
-//! process killed by a signal leaves them, as it leaves the directory of a command it was
-//! running.
+//! directories are kept; they are removed when the process exits normally (`atexit`).
+//!
+//! A process killed by a signal cannot remove them, nor the directory of a command it was
+//! running. So the private directories are made inside a directory of the process
+//! (`keel-sandboxes-XXXXXX`), whose file `lock` it holds locked (`flock`) for as long as it
+//! lives; the kernel releases the lock when the process ends, however it ends. A process sweeps
+//! the system's temporary directory when it makes its own: a `keel-sandboxes-` directory whose
+//! `lock` it can lock belongs to no living process and is removed, with everything in it. The
+//! lock is taken before the file gets its name, so a directory being made is never taken for
+//! a dead one; a lock held by a process in another PID namespace holds all the same.
 
 use std::fs;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, Once, PoisonError};
+use std::sync::{Mutex, Once, OnceLock, PoisonError};
 
 use crate::error::SandboxError;
 use crate::netns;
@@ -109,14 +116,17 @@ impl PrivateTmp {
                 cgroup: None,
             });
         }
-        let root = tempfile::Builder::new()
-            .prefix("keel-sandbox-")
-            .tempdir()
-            .map_err(|source| SandboxError::Io {
-                what: "create the private temporary directory".into(),
-                source,
-            })?
-            .keep();
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("keel-sandbox-");
+        let root = match process_dir() {
+            Some(dir) => builder.tempdir_in(dir),
+            None => builder.tempdir(),
+        }
+        .map_err(|source| SandboxError::Io {
+            what: "create the private temporary directory".into(),
+            source,
+        })?
+        .keep();
         let tmp = root.join("tmp");
         let made = fs::create_dir(&tmp)
             .map_err(|source| SandboxError::Io {
@@ -270,6 +280,87 @@ impl Drop for PrivateTmp {
     }
 }
 
+/// The name of the lock file in a process's directory.
+const LOCK: &str = "lock";
+
+/// This process's directory (see [`process_dir`]) and its locked `lock`, open for as long as
+/// the process lives (the file is closed on exec, so no command inherits the lock).
+static PROCESS_DIR: OnceLock<Option<(PathBuf, fs::File)>> = OnceLock::new();
+
+/// This process's directory for its commands' private directories, made (after a sweep of the
+/// directories of processes that are gone) the first time one is needed; `None` when it cannot
+/// be made, and the private directories are made in the system's temporary directory itself.
+fn process_dir() -> Option<&'static Path> {
+    PROCESS_DIR
+        .get_or_init(|| {
+            let base = std::env::temp_dir();
+            sweep(&base);
+            let made = make_process_dir(&base);
+            if made.is_some() {
+                remove_kept_at_exit();
+            }
+            made
+        })
+        .as_ref()
+        .map(|(dir, _)| dir.as_path())
+}
+
+/// This process's directory if it was made, without making it.
+fn process_dir_made() -> Option<&'static Path> {
+    PROCESS_DIR.get()?.as_ref().map(|(dir, _)| dir.as_path())
+}
+
+/// Makes `keel-sandboxes-XXXXXX` (mode 0711) in `base` with its `lock` locked: the lock is taken on a file
+/// of another name, which is then renamed `lock`, so that no sweep finds it unlocked.
+fn make_process_dir(base: &Path) -> Option<(PathBuf, fs::File)> {
+    // Others may pass through it (a helper that drops to another user reaches its command's
+    // directory), not list it.
+    let dir = tempfile::Builder::new()
+        .prefix("keel-sandboxes-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o711))
+        .tempdir_in(base)
+        .ok()?
+        .keep();
+    let locked = (|| -> std::io::Result<fs::File> {
+        let unnamed = dir.join("lock.new");
+        let file = fs::File::create(&unnamed)?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
+        fs::rename(&unnamed, dir.join(LOCK))?;
+        Ok(file)
+    })();
+    match locked {
+        Ok(file) => Some((dir, file)),
+        Err(_) => {
+            let _ = fs::remove_dir_all(&dir);
+            None
+        }
+    }
+}
+
+/// Removes the `keel-sandboxes-` directories in `base` whose `lock` this process can lock:
+/// their processes are gone. A directory without a `lock` (one being made) is left alone.
+fn sweep(base: &Path) {
+    let Ok(entries) = fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if !entry
+            .file_name()
+            .to_str()
+            .is_some_and(|name| name.starts_with("keel-sandboxes-"))
+        {
+            continue;
+        }
+        let dir = entry.path();
+        let Ok(lock) = fs::File::open(dir.join(LOCK)) else {
+            continue;
+        };
+        if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok() {
+            let _ = fs::remove_dir_all(&dir);
+        }
+    }
+}
+
 /// Removes the kept directories; the pool is empty afterwards. Called at exit.
 fn remove_kept() {
     // At exit a thread may still hold the lock (the process is ending under it): leave the
@@ -281,6 +372,18 @@ fn remove_kept() {
     };
     for Kept { root, .. } in kept {
         let _ = fs::remove_dir_all(root);
+    }
+    // The process's directory too, when nothing but its lock is left in it (a command still
+    // running at exit keeps it, and a later sweep removes it).
+    if let Some(dir) = process_dir_made() {
+        let only_lock = fs::read_dir(dir).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .all(|e| e.file_name().to_str() == Some(LOCK))
+        });
+        if only_lock {
+            let _ = fs::remove_dir_all(dir);
+        }
     }
     crate::cgroup::remove_kept();
 }
