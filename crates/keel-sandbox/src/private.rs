@@ -24,7 +24,9 @@
 //! the system's temporary directory when it makes its own: a `keel-sandboxes-` directory whose
 //! `lock` it can lock belongs to no living process and is removed, with everything in it. The
 //! lock is taken before the file gets its name, so a directory being made is never taken for
-//! a dead one; a lock held by a process in another PID namespace holds all the same.
+//! a dead one; a lock held by a process in another PID namespace holds all the same. When the
+//! process's directory cannot be made, or was removed under it, private directories are made in
+//! the system's temporary directory itself.
 
 use std::fs;
 use std::os::fd::OwnedFd;
@@ -118,15 +120,16 @@ impl PrivateTmp {
         }
         let mut builder = tempfile::Builder::new();
         builder.prefix("keel-sandbox-");
-        let root = match process_dir() {
-            Some(dir) => builder.tempdir_in(dir),
-            None => builder.tempdir(),
-        }
-        .map_err(|source| SandboxError::Io {
-            what: "create the private temporary directory".into(),
-            source,
-        })?
-        .keep();
+        // In the system's temporary directory itself when the process's directory is gone (a
+        // cleaner of old files in /tmp may remove it under a process that runs for days).
+        let root = process_dir()
+            .and_then(|dir| builder.tempdir_in(dir).ok())
+            .map_or_else(|| builder.tempdir(), Ok)
+            .map_err(|source| SandboxError::Io {
+                what: "create the private temporary directory".into(),
+                source,
+            })?
+            .keep();
         let tmp = root.join("tmp");
         let made = fs::create_dir(&tmp)
             .map_err(|source| SandboxError::Io {

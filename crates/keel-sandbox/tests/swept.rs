@@ -95,8 +95,19 @@ fn the_directories_of_a_killed_process_are_swept_and_a_living_ones_are_not() {
     let (_cmd, tmp) = sandbox().command(&f.sh("true")).unwrap();
     assert!(!killed_dir.exists(), "{} was swept", killed_dir.display());
     assert!(living_dir.exists(), "{} was left", living_dir.display());
-    let own = tmp.path().parent().unwrap().parent().unwrap();
+    let own = tmp.path().parent().unwrap().parent().unwrap().to_path_buf();
     assert!(own.join("lock").exists() && own != living_dir);
+
+    // Its directory removed under it (by a cleaner of old files in /tmp): a command still gets a
+    // private directory, in the system's temporary directory itself.
+    drop(tmp);
+    std::fs::remove_dir_all(&own).unwrap();
+    let (_cmd, again) = sandbox().command(&f.sh("true")).unwrap();
+    assert_eq!(
+        again.path().parent().unwrap().parent().unwrap(),
+        std::env::temp_dir()
+    );
+    drop(again);
 
     drop(living);
     // Swept later, by the next process (not this one: it swept once).
