@@ -29,7 +29,7 @@ run = ["sleep 1; echo first > first.txt", "echo second > second.txt"]
 #[test]
 fn a_cancel_while_another_process_drives_stops_that_process() {
     let f = Fixture::new(CONTRACT);
-    let driver = f
+    let mut driver = f
         .keel()
         .args(["run", "keel.toml"])
         .stdout(Stdio::piped())
@@ -38,6 +38,11 @@ fn a_cancel_while_another_process_drives_stops_that_process() {
         .unwrap();
     // Wait (by polling the store, not by timing) until the first step is running.
     let id = loop {
+        // A driver that ended before its first step ran would leave this loop waiting forever.
+        if driver.try_wait().unwrap().is_some() {
+            let out = driver.wait_with_output().unwrap();
+            panic!("the driving process ended early\n{}", f.explain(&out));
+        }
         if let Ok(out) = f.keel().args(["status", "--json"]).output()
             && let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout)
             && let Some(run) = v.as_array().and_then(|a| a.first())

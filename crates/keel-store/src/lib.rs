@@ -237,6 +237,24 @@ pub struct Store {
 /// How long a connection waits for another process's write lock unless told otherwise.
 const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// Runs `f` again, for up to [`BUSY_TIMEOUT`], while SQLite answers "database is locked"
+/// without having waited: it does not call the busy handler where waiting could deadlock, as
+/// when connections that opened a new store at once each turn it to WAL or create its schema.
+pub(crate) fn retry_busy<T>(mut f: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+    let start = std::time::Instant::now();
+    loop {
+        match f() {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy
+                    && start.elapsed() < BUSY_TIMEOUT =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// A connection to the store file at `path` with keel's settings (the schema is not touched).
 pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
     let sql = |source| StoreError::Sqlite {
@@ -245,8 +263,7 @@ pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
     };
     let conn = Connection::open(path).map_err(sql)?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(sql)?;
-    conn.pragma_update(None, "journal_mode", "WAL")
-        .map_err(sql)?;
+    retry_busy(|| conn.pragma_update(None, "journal_mode", "WAL")).map_err(sql)?;
     conn.pragma_update(None, "synchronous", "FULL")
         .map_err(sql)?;
     // SQLite's page cache is per connection (2 MB by default). A process driving many runs

@@ -194,6 +194,12 @@ pub(crate) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
                 conn,
                 rusqlite::TransactionBehavior::Immediate,
             )?;
+            // Another connection may have applied it since the version was read above (two
+            // processes opening a new store at once): read it again under the write lock.
+            let now: i64 = tx.pragma_query_value(None, "user_version", |r| r.get(0))?;
+            if now >= next {
+                return tx.commit();
+            }
             tx.execute_batch(migration)?;
             if next == 6 {
                 move_events_into_log(&tx)?;
@@ -202,6 +208,17 @@ pub(crate) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
             tx.commit()
         };
         step().map_err(sql)?;
+    }
+    // A newer keel may have migrated it further while this one waited for the lock.
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(sql)?;
+    if version > known {
+        return Err(StoreError::NewerSchema {
+            path: path.to_path_buf(),
+            found: version,
+            known,
+        });
     }
     Ok(())
 }

@@ -725,3 +725,35 @@ fn the_last_events_and_the_release_of_the_lease_are_one_commit() {
     assert_eq!(store.lease_info("r1").unwrap().holder, None);
     assert_eq!(store.log_head("r1").unwrap().0, 2);
 }
+
+/// Found when `keel run` and a `keel status` polling for it opened a new store at the same
+/// moment: both read schema version 0 before either wrote, and the second to take the write
+/// lock created the tables again ("table contracts already exists"), so `keel run` failed
+/// before it started its run. Each migration now reads the version again under the lock.
+#[test]
+fn processes_opening_a_new_store_at_once_all_open_it() {
+    for round in 0..20 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keel.db");
+        let start = std::sync::Barrier::new(6);
+        let opened: Vec<Result<(), String>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..6)
+                .map(|_| {
+                    s.spawn(|| {
+                        start.wait();
+                        Store::open(&path).map(drop).map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in opened {
+            assert_eq!(r, Ok(()), "round {round}");
+        }
+        let store = Store::open(&path).unwrap();
+        assert!(
+            matches!(store.resolve_run("none"), Err(StoreError::NoSuchRun(_))),
+            "the schema is whole"
+        );
+    }
+}
