@@ -1,6 +1,6 @@
 //! The client: builds a request body, sends it with retries, parses the answer.
 
-use std::sync::OnceLock;
+use once_cell::sync::OnceCell;
 use std::time::{Duration, Instant};
 
 use keel_core::agent::{ModelReply, Prompt, ToolSpec};
@@ -397,31 +397,41 @@ fn headers(config: &ClientConfig) -> Result<HeaderMap, LlmError> {
     Ok(headers)
 }
 
+static HTTP_CLIENTS_BUILT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many HTTP clients this process has built: at most two, one that follows the proxy
+/// environment and one for loopback endpoints, however many [`Client`]s were made at once.
+pub fn http_clients_built() -> usize {
+    HTTP_CLIENTS_BUILT.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The HTTP client every [`Client`] of this process sends through: one that bypasses any proxy
 /// set in the environment (for loopback endpoints) and one that follows it, each built once.
 /// Building one loads the system's root certificates and starts a thread, which cost more CPU
 /// than a whole short run's requests; shared, they also keep connections alive across runs.
-/// The proxy environment is read when the first client of a kind is built. A request's timeout
-/// is set on the request.
+/// Threads that ask at once wait for one of them to build it (each built its own before, and
+/// all but one were dropped: with 64 runs starting at once, 64 loads of every root
+/// certificate). The proxy environment is read when the first client of a kind is built. A
+/// request's timeout is set on the request.
 fn shared_http(loopback: bool) -> Result<reqwest::blocking::Client, reqwest::Error> {
-    static CLIENTS: [OnceLock<reqwest::blocking::Client>; 2] = [OnceLock::new(), OnceLock::new()];
-    let cell = &CLIENTS[usize::from(loopback)];
-    if let Some(http) = cell.get() {
-        return Ok(http.clone());
-    }
-    let mut builder = reqwest::blocking::Client::builder()
-        // No client-wide timeout: each request carries its run's own.
-        .timeout(None)
-        // An API does not redirect a POST anywhere useful, and following one would carry the
-        // key to another host.
-        .redirect(reqwest::redirect::Policy::none())
-        .user_agent(concat!("keel/", env!("CARGO_PKG_VERSION")));
-    if loopback {
-        builder = builder.no_proxy();
-    }
-    let built = builder.build()?;
-    // Two threads may both build one; either is as good, and the other is dropped.
-    Ok(cell.get_or_init(|| built).clone())
+    static CLIENTS: [OnceCell<reqwest::blocking::Client>; 2] = [OnceCell::new(), OnceCell::new()];
+    CLIENTS[usize::from(loopback)]
+        .get_or_try_init(|| {
+            HTTP_CLIENTS_BUILT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let builder = reqwest::blocking::Client::builder()
+                // No client-wide timeout: each request carries its run's own.
+                .timeout(None)
+                // An API does not redirect a POST anywhere useful, and following one would
+                // carry the key to another host.
+                .redirect(reqwest::redirect::Policy::none())
+                .user_agent(concat!("keel/", env!("CARGO_PKG_VERSION")));
+            if loopback {
+                builder.no_proxy().build()
+            } else {
+                builder.build()
+            }
+        })
+        .cloned()
 }
 
 fn is_loopback(url: &reqwest::Url) -> bool {

@@ -21,7 +21,7 @@ mod price;
 mod tokens;
 mod wire;
 
-pub use client::{Client, Exchange};
+pub use client::{Client, Exchange, http_clients_built};
 pub use config::{ClientConfig, Provider};
 pub use error::LlmError;
 pub use keel_core::agent::{ModelReply, Prompt, ToolCall, ToolSpec, Usage};

@@ -15,10 +15,10 @@
 //!
 //! [`send`] uses `reqwest`'s blocking client: do not call it from inside an async runtime.
 
+use once_cell::sync::OnceCell;
 use std::fmt;
 use std::io::Read;
 use std::net::IpAddr;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use reqwest::Url;
@@ -341,26 +341,35 @@ fn target(policy: &HttpPolicy, request: &HttpRequest) -> Result<Target, HttpDeni
     })
 }
 
+static CLIENTS_BUILT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many HTTP clients this process has built: at most two, one that follows the proxy
+/// environment and one for loopback hosts, however many requests were sent at once.
+pub fn clients_built() -> usize {
+    CLIENTS_BUILT.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The HTTP client every request of this process goes through: one that bypasses any proxy set
-/// in the environment (for loopback hosts) and one that follows it, each built once. Building
-/// one loads the system's root certificates and starts a thread; shared, they also keep
-/// connections alive. The proxy environment is read when the first of a kind is built; each
-/// request carries its policy's timeout. Redirects are never followed.
+/// in the environment (for loopback hosts) and one that follows it, each built once, by one
+/// thread while others that ask at once wait for it. Building one loads the system's root
+/// certificates and starts a thread; shared, they also keep connections alive. The proxy
+/// environment is read when the first of a kind is built; each request carries its policy's
+/// timeout. Redirects are never followed.
 fn shared_client(loopback: bool) -> Result<reqwest::blocking::Client, reqwest::Error> {
-    static CLIENTS: [OnceLock<reqwest::blocking::Client>; 2] = [OnceLock::new(), OnceLock::new()];
-    let cell = &CLIENTS[usize::from(loopback)];
-    if let Some(client) = cell.get() {
-        return Ok(client.clone());
-    }
-    let mut builder = reqwest::blocking::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(None);
-    if loopback {
-        builder = builder.no_proxy();
-    }
-    let built = builder.build()?;
-    // Two threads may both build one; either is as good, and the other is dropped.
-    Ok(cell.get_or_init(|| built).clone())
+    static CLIENTS: [OnceCell<reqwest::blocking::Client>; 2] = [OnceCell::new(), OnceCell::new()];
+    CLIENTS[usize::from(loopback)]
+        .get_or_try_init(|| {
+            CLIENTS_BUILT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let builder = reqwest::blocking::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .timeout(None);
+            if loopback {
+                builder.no_proxy().build()
+            } else {
+                builder.build()
+            }
+        })
+        .cloned()
 }
 
 fn is_loopback(host: &str) -> bool {
