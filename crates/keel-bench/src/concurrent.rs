@@ -46,6 +46,10 @@ pub struct Concurrent {
     pub exchange_ms: Vec<u64>,
     /// How long each run took, from its start to its end, in ms, sorted.
     pub run_ms: Vec<u64>,
+    /// How long each run's pool thread waited for it, from loading its contract to
+    /// `keel_engine::start`'s return, in ms, sorted: `run_ms`, the run's start before its first
+    /// event and the commit of its last events.
+    pub drive_ms: Vec<u64>,
     /// Where a run's time goes outside its model calls.
     pub timeline: Timeline,
     /// The binary the runs' confined commands were started with (keel-engine's choice).
@@ -90,6 +94,7 @@ pub fn measure(
     let cpu_before = util::cpu();
     let next = AtomicUsize::new(0);
     let failures = Mutex::new(Vec::new());
+    let drive_ms = Mutex::new(Vec::with_capacity(runs));
     let completed = AtomicUsize::new(0);
     let actor = Actor::current();
     let started = Instant::now();
@@ -110,7 +115,12 @@ pub fn measure(
                     if i >= runs {
                         break;
                     }
-                    match drive(&mut store, &contracts.join(format!("run{i}.toml")), &actor) {
+                    let began = Instant::now();
+                    let driven = drive(&mut store, &contracts.join(format!("run{i}.toml")), &actor);
+                    if let Ok(mut all) = drive_ms.lock() {
+                        all.push(u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX));
+                    }
+                    match driven {
                         Ok(RunState::Completed) => {
                             completed.fetch_add(1, Ordering::SeqCst);
                         }
@@ -145,6 +155,8 @@ pub fn measure(
     }
     exchange_ms.sort_unstable();
     run_ms.sort_unstable();
+    let mut drive_ms = drive_ms.into_inner().unwrap_or_default();
+    drive_ms.sort_unstable();
     timeline.sort();
     Ok(Concurrent {
         runs,
@@ -168,6 +180,7 @@ pub fn measure(
         },
         exchange_ms,
         run_ms,
+        drive_ms,
         timeline,
         helper: keel_engine::sandbox_helper().map(Path::to_path_buf),
         tokenizer_build,

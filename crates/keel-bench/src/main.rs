@@ -463,7 +463,10 @@ fn concurrent_figure(c: &concurrent::Concurrent) -> Value {
          two, and after the last the finish, the acceptance verifier, whose command alone is \
          verifier_command, the checkpoint and completed), and before_send: from each \
          model_requested to the request's sending (the reply's time less the exchange's), \
-         the request's commit.",
+         the request's commit. run_ms: each run's log, first event to last; drive_ms: each \
+         run as its pool thread waited for it, from loading its contract to \
+         keel_engine::start's return, which adds the run's start before its first event and \
+         the commit of its last events (the checkpoint, completed, the lease given back).",
     );
     f.insert("ratio".into(), json!(round3(ratio)));
     f.insert("runs".into(), json!(c.runs));
@@ -500,10 +503,12 @@ fn concurrent_figure(c: &concurrent::Concurrent) -> Value {
             v.get(((v.len() as f64 - 1.0) * q).round() as usize)
                 .copied()
         };
-        json!({"n": v.len(), "median": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": v.last()})
+        let mean = (!v.is_empty()).then(|| round1(v.iter().sum::<u64>() as f64 / v.len() as f64));
+        json!({"n": v.len(), "mean": mean, "median": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": v.last()})
     };
     f.insert("model_exchange_ms".into(), quantiles(&c.exchange_ms));
     f.insert("run_ms".into(), quantiles(&c.run_ms));
+    f.insert("drive_ms".into(), quantiles(&c.drive_ms));
     f.insert(
         "run_gaps_ms".into(),
         json!({

@@ -93,6 +93,17 @@ fn the_quick_report_is_json_with_every_figure() {
     ] {
         assert_eq!(gaps[key]["n"], n, "{key}: {gaps}");
     }
+    // Each run as its pool thread waited for it holds the run's log from its first event to
+    // its last, and more (events are stamped in whole milliseconds: one of slack).
+    let (run_ms, drive_ms) = (
+        &report["concurrent_runs"]["run_ms"],
+        &report["concurrent_runs"]["drive_ms"],
+    );
+    assert_eq!(drive_ms["n"], 6, "{drive_ms}");
+    assert!(
+        drive_ms["mean"].as_f64().unwrap() + 1.0 >= run_ms["mean"].as_f64().unwrap(),
+        "{run_ms} {drive_ms}"
+    );
     // The acceptance verifiers ran in the sandbox, through the helper the report names.
     let helper = &report["concurrent_runs"]["sandbox_helper"];
     let path = std::path::Path::new(helper["path"].as_str().unwrap());
