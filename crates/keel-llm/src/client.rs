@@ -417,7 +417,6 @@ fn shared_http(loopback: bool) -> Result<reqwest::blocking::Client, reqwest::Err
     static CLIENTS: [OnceCell<reqwest::blocking::Client>; 2] = [OnceCell::new(), OnceCell::new()];
     CLIENTS[usize::from(loopback)]
         .get_or_try_init(|| {
-            HTTP_CLIENTS_BUILT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let builder = reqwest::blocking::Client::builder()
                 // No client-wide timeout: each request carries its run's own.
                 .timeout(None)
@@ -425,11 +424,13 @@ fn shared_http(loopback: bool) -> Result<reqwest::blocking::Client, reqwest::Err
                 // carry the key to another host.
                 .redirect(reqwest::redirect::Policy::none())
                 .user_agent(concat!("keel/", env!("CARGO_PKG_VERSION")));
-            if loopback {
+            let built = if loopback {
                 builder.no_proxy().build()
             } else {
                 builder.build()
-            }
+            }?;
+            HTTP_CLIENTS_BUILT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(built)
         })
         .cloned()
 }

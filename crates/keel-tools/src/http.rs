@@ -359,15 +359,16 @@ fn shared_client(loopback: bool) -> Result<reqwest::blocking::Client, reqwest::E
     static CLIENTS: [OnceCell<reqwest::blocking::Client>; 2] = [OnceCell::new(), OnceCell::new()];
     CLIENTS[usize::from(loopback)]
         .get_or_try_init(|| {
-            CLIENTS_BUILT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let builder = reqwest::blocking::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())
                 .timeout(None);
-            if loopback {
+            let built = if loopback {
                 builder.no_proxy().build()
             } else {
                 builder.build()
-            }
+            }?;
+            CLIENTS_BUILT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(built)
         })
         .cloned()
 }
