@@ -4,9 +4,10 @@
 //!
 //! - `sqlite_commit_us`: the floor, one synced single-row SQLite commit (WAL,
 //!   `synchronous = FULL`, the same SQLite build as keel-store's) on the same disk.
-//! - `step_overhead_us`, `cpu_us_per_step`, `step_breakdown`: the durable cost of one agent step
-//!   of the survey run (scripted driver, read-only `note`/`read`/`plan` calls), timed step by step,
-//!   and where it goes.
+//! - `step_overhead_us`, `cpu_us_per_step`: the durable cost of one no-op agent step (scripted
+//!   driver, a short `note` at every step), timed step by step.
+//! - `survey_step_us`, `step_breakdown`: the same of a step of the survey run (scripted driver,
+//!   varied read-only `note`/`read`/`plan` calls), and where it goes.
 //! - `prompt_tokens`: the prompt size over the survey run (flat, never over `context_tokens`).
 //! - `resume_ms`: `keel_engine::resume` of runs with logs of 100, 10,000 and 100,000 events.
 //! - `events_per_s`: events appended per second by concurrent writers, with group commit
@@ -170,8 +171,24 @@ fn main() -> Result<()> {
 
     let mut survey = None;
     let mut template = None;
+    let mut noop = None;
+    if on("survey") {
+        noop = Some(survey::run(
+            &base,
+            survey::Script::Noop,
+            o.steps,
+            o.context_tokens,
+            false,
+        )?);
+    }
     if on("survey") || on("events") || on("resume") {
-        let s = survey::run(&base, o.steps, o.context_tokens, o.keep)?;
+        let s = survey::run(
+            &base,
+            survey::Script::Survey,
+            o.steps,
+            o.context_tokens,
+            o.keep,
+        )?;
         if o.keep {
             report.insert(
                 "kept_survey".into(),
@@ -198,7 +215,11 @@ fn main() -> Result<()> {
             "One INSERT of a 300-byte row in BEGIN IMMEDIATE … COMMIT, WAL, synchronous = \
              FULL (keel-store's settings, with the same build of SQLite: it syncs with \
              fdatasync), in the same temporary directory as the runs; half the commits before \
-             the survey run and half after it. cpu_us_per_commit is this process's user + \
+             the survey run and half after it, each half in a new database whose WAL one \
+             unmeasured transaction of 1,200 pages first grew past the checkpoint threshold, so \
+             the measured commits write over it from its start, as a store in use does (a new \
+             WAL's commits grow the file, and a sync then also writes its size and block map). \
+             cpu_us_per_commit is this process's user + \
              system time over those commits (the sync's work in the kernel included), divided \
              by them.",
         );
@@ -206,8 +227,8 @@ fn main() -> Result<()> {
         report.insert("sqlite_commit_us".into(), Value::Object(f));
     }
 
-    if let (Some(s), Some(t), true) = (&survey, &template, on("survey")) {
-        survey_figures(&mut report, s, t, (floor_median, floor_cpu), &o)?;
+    if let (Some(s), Some(t), Some(n), true) = (&survey, &template, &noop, on("survey")) {
+        survey_figures(&mut report, s, n, t, (floor_median, floor_cpu), &o)?;
     }
 
     if let (Some(s), Some(t), true) = (&survey, &template, on("events")) {
@@ -307,7 +328,13 @@ fn main() -> Result<()> {
     if on("uncapped")
         && let Some(s) = &survey
     {
-        let uncapped = survey::run(&base, s.steps, UNCAPPED_CONTEXT_TOKENS, false)?;
+        let uncapped = survey::run(
+            &base,
+            survey::Script::Survey,
+            s.steps,
+            UNCAPPED_CONTEXT_TOKENS,
+            false,
+        )?;
         report.insert("prompt_tokens_uncapped".into(), uncapped.prompt_figures());
     }
 
@@ -339,42 +366,75 @@ fn main() -> Result<()> {
     Ok(())
 }
 
+/// A figure of the wall time of a run's steps, judged against the floor's median (`meets` is
+/// given the ratio), with how the median moved along the run; and the median.
+fn step_figure(
+    run: &survey::Survey,
+    floor_median: f64,
+    target: &str,
+    meets: impl FnOnce(f64) -> Option<bool>,
+    note: &str,
+) -> (Map<String, Value>, f64) {
+    let step = summary(&run.step_us);
+    let step_median = step["median"].as_f64().unwrap_or(0.0);
+    let ratio = step_median / floor_median.max(1e-9);
+    let steps = run.step_us.len();
+    let tenth = (steps / 10).max(1);
+    let mut f = figure(
+        step,
+        json!({"sqlite_commit_us_median": floor_median}),
+        target,
+        meets(ratio),
+        note,
+    );
+    f.insert("ratio_to_floor".into(), json!(round1(ratio)));
+    f.insert(
+        "median_first_tenth".into(),
+        json!(round1(median(&run.step_us[..tenth]))),
+    );
+    f.insert(
+        "median_last_tenth".into(),
+        json!(round1(median(&run.step_us[steps - tenth..]))),
+    );
+    f.insert("steps".into(), json!(steps));
+    (f, step_median)
+}
+
+/// A run's CPU per step: (keel's own, its children's), in µs.
+fn step_cpu(run: &survey::Survey) -> (f64, f64) {
+    let steps = run.step_us.len().max(1) as f64;
+    (
+        round1(run.cpu.process_us / steps),
+        round1(run.cpu.children_us / steps),
+    )
+}
+
 fn survey_figures(
     report: &mut Map<String, Value>,
     s: &survey::Survey,
+    noop: &survey::Survey,
     t: &synth::Template,
     (floor_median, floor_cpu): (f64, f64),
     o: &Options,
 ) -> Result<()> {
-    let steps = s.step_us.len();
-    let step = summary(&s.step_us);
-    let step_median = step["median"].as_f64().unwrap_or(0.0);
-    let tenth = (steps / 10).max(1);
-    let early = median(&s.step_us[..tenth]);
-    let late = median(&s.step_us[steps - tenth..]);
-    let ratio = step_median / floor_median.max(1e-9);
-    let mut f = figure(
-        step.clone(),
-        json!({"sqlite_commit_us_median": floor_median}),
+    let (f, _) = step_figure(
+        noop,
+        floor_median,
         "median ≤ 1.5× the median fsynced SQLite commit",
-        Some(ratio <= 1.5),
+        |ratio| Some(ratio <= 1.5),
         "Wall time from the start of one agent step to the start of the next (the engine \
          reports each step once it has recorded its step_started, after the previous step's \
-         commit), over the survey run: a scripted driver (no model latency), read-only \
-         note/read/plan calls, fsync on, no command run (so no sandbox start). Each step \
-         assembles and counts a prompt of up to context_tokens and stores its request, reply \
-         and events in one commit; a step of keel's own read-only tools starts no git process. \
-         See step_breakdown for where it goes.",
+         commit) of a no-op step: a scripted driver (no model latency), a three-word note \
+         (keel's cheapest read-only tool) at every step, fsync on, no command run. Each step \
+         assembles and counts its prompt and stores its request, reply and events in one \
+         commit. The run is the store's second (the first, the same script, is not measured), \
+         so that its commits write over WAL frames already on the disk, as the floor's do. \
+         survey_step_us is the same for the survey run's varied steps.",
     );
-    f.insert("ratio_to_floor".into(), json!(round1(ratio)));
-    f.insert("median_first_tenth".into(), json!(round1(early)));
-    f.insert("median_last_tenth".into(), json!(round1(late)));
-    f.insert("steps".into(), json!(steps));
     report.insert("step_overhead_us".into(), Value::Object(f));
 
-    let per_step = |x: f64| round1(x / steps as f64);
-    let cpu_process = per_step(s.cpu.process_us);
-    let cpu_children = per_step(s.cpu.children_us);
+    let (cpu_process, cpu_children) = step_cpu(noop);
+    let (survey_process, survey_children) = step_cpu(s);
     report.insert(
         "cpu_us_per_step".into(),
         Value::Object(figure(
@@ -382,14 +442,32 @@ fn survey_figures(
             json!({"floor_commit_cpu_us": floor_cpu}),
             "process < 100 µs per step",
             Some(cpu_process < 100.0),
-            "getrusage user + system time over the same steps as step_overhead_us, divided \
-             by the steps: `process` is keel's own (RUSAGE_SELF), `children` is the git \
+            "getrusage user + system time over the same no-op steps as step_overhead_us, \
+             divided by the steps: `process` is keel's own (RUSAGE_SELF), `children` is the git \
              processes it waited for (RUSAGE_CHILDREN). The target is on `process`; \
              `total` is what a step costs the machine. The reference is the CPU one floor \
              commit takes in this process (sqlite_commit_us.cpu_us_per_commit): a durable \
-             step makes at least one such commit.",
+             step makes at least one such commit. survey_step_us.cpu_us gives the survey \
+             run's steps.",
         )),
     );
+
+    let (mut f, step_median) = step_figure(
+        s,
+        floor_median,
+        "none (the targets are on the no-op step, step_overhead_us and cpu_us_per_step)",
+        |_| None,
+        "As step_overhead_us, over the survey run's steps: read-only note/read/plan calls \
+         (notes of 5-300 words, reads of 1-60 lines, plans of 1-12 items), each step's prompt \
+         cut to context_tokens (4000: material is cut at almost every step). The run is the \
+         store's first, so its first steps also grow the WAL. cpu_us is its CPU per step, as \
+         cpu_us_per_step. See step_breakdown for where a step goes.",
+    );
+    f.insert(
+        "cpu_us".into(),
+        json!({"process": survey_process, "children": survey_children}),
+    );
+    report.insert("survey_step_us".into(), Value::Object(f));
 
     let b = breakdown::measure(s, t, if o.quick { 20 } else { 50 })?;
     report.insert(

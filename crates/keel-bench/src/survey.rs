@@ -61,9 +61,26 @@ impl Observer for StepClock {
     }
 }
 
+/// The script a run follows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Script {
+    /// Varied `note`, `read` and `plan` calls (`keel_test_support::survey::script`).
+    Survey,
+    /// A short `note` at every step (`keel_test_support::survey::noop_script`), measured in a
+    /// store that has driven one such run before (unmeasured), so that its commits write over
+    /// WAL frames already on the disk, as the floor's do.
+    Noop,
+}
+
 /// Runs the survey in a new directory under `base`; with `keep`, the directory (workspace and
 /// store) stays after the program ends, for a look at what a step wrote.
-pub fn run(base: &Path, steps: usize, context_tokens: u64, keep: bool) -> Result<Survey> {
+pub fn run(
+    base: &Path,
+    script: Script,
+    steps: usize,
+    context_tokens: u64,
+    keep: bool,
+) -> Result<Survey> {
     let dir = tempfile::Builder::new()
         .disable_cleanup(keep)
         .tempdir_in(base)
@@ -72,7 +89,10 @@ pub fn run(base: &Path, steps: usize, context_tokens: u64, keep: bool) -> Result
     util::workspace(&ws)?;
     std::fs::write(
         ws.join("actions.jsonl"),
-        keel_test_support::survey::script(steps),
+        match script {
+            Script::Survey => keel_test_support::survey::script(steps),
+            Script::Noop => keel_test_support::survey::noop_script(steps),
+        },
     )?;
     let contract_path = ws.join("keel.toml");
     std::fs::write(&contract_path, contract(context_tokens))?;
@@ -83,9 +103,31 @@ pub fn run(base: &Path, steps: usize, context_tokens: u64, keep: bool) -> Result
     let contract = keel_engine::load_contract(&contract_path)?;
     let db = ws.join(".keel").join("keel.db");
     let mut store = Store::open(&db)?;
-    let id = keel_engine::new_run_id();
     let choice = DriverOverride::default();
     let actor = Actor::current();
+    if script == Script::Noop {
+        let warm = keel_engine::start(
+            &mut store,
+            NewRun {
+                contract_path: &contract_path,
+                contract: contract.clone(),
+                run_id: &keel_engine::new_run_id(),
+                choice: &choice,
+                detach: false,
+            },
+            &actor,
+            &mut StepClock::default(),
+            &mut |_| {},
+        )?;
+        ensure!(
+            warm.state == RunState::Completed,
+            "the warm-up run ended {}: {}",
+            warm.state,
+            warm.reason
+        );
+    }
+    let commits_before = store.commits();
+    let id = keel_engine::new_run_id();
     let mut clock = StepClock::default();
     let started = Instant::now();
     let run = keel_engine::start(
@@ -140,7 +182,7 @@ pub fn run(base: &Path, steps: usize, context_tokens: u64, keep: bool) -> Result
         children_us: last.1.children_us - first.1.children_us,
     };
     let git_processes = last.2 - first.2;
-    let commits = store.commits();
+    let commits = store.commits() - commits_before;
     let stored_blobs = util::count_blobs(&db)?;
     let projection_bytes = serde_json::to_string(&store.run(&id)?)?.len();
     let (store_bytes, _) = util::size(&ws.join(".keel"))?;

@@ -8,9 +8,10 @@ use std::process::Command;
 
 use serde_json::Value;
 
-const FIGURES: [&str; 7] = [
+const FIGURES: [&str; 8] = [
     "sqlite_commit_us",
     "step_overhead_us",
+    "survey_step_us",
     "cpu_us_per_step",
     "prompt_tokens",
     "resume_ms",
@@ -55,7 +56,8 @@ fn the_quick_report_is_json_with_every_figure() {
         }
         assert!(
             f["meets_target"].is_boolean()
-                || (f["meets_target"].is_null() && name == "sqlite_commit_us"),
+                || (f["meets_target"].is_null()
+                    && ["sqlite_commit_us", "survey_step_us"].contains(&name)),
             "{name}.meets_target must be true or false:\n{f:#}"
         );
         assert!(
@@ -73,6 +75,10 @@ fn the_quick_report_is_json_with_every_figure() {
             "{key}"
         );
     }
+    // The no-op steps and the survey's: 20 steps, 19 from one step's start to the next's.
+    assert_eq!(report["step_overhead_us"]["value"]["n"], 19, "{report:#}");
+    assert_eq!(report["survey_step_us"]["value"]["n"], 19, "{report:#}");
+    assert!(report["survey_step_us"]["cpu_us"]["process"].is_number());
     assert!(report["sqlite_commit_us"]["cpu_us_per_commit"].is_number());
     assert!(report["cpu_us_per_step"]["reference"]["floor_commit_cpu_us"].is_number());
     assert!(report["resume_ms"]["value"]["events_100"].is_number());

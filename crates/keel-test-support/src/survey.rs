@@ -62,6 +62,17 @@ pub fn write_files(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// A JSONL script of `steps - 1` calls of keel's cheapest read-only tool, a `note` of three
+/// words (each different, so that no loop is seen), then `finish`: the "no-op" step whose
+/// durable cost `keel-bench` measures against the floor.
+pub fn noop_script(steps: usize) -> String {
+    let mut lines: Vec<String> = (0..steps.saturating_sub(1))
+        .map(|i| json!({"tool": "note", "args": {"text": format!("step {i} done")}}).to_string())
+        .collect();
+    lines.push(json!({"tool": "finish", "args": {"summary": "nothing to do"}}).to_string());
+    lines.join("\n") + "\n"
+}
+
 /// A JSONL script for the script driver: `steps - 1` calls (notes of 5–60 words, one in ten of
 /// 150–300; reads of 1–60 lines; plans of 1–12 items), then `finish`.
 pub fn script(steps: usize) -> String {
@@ -109,5 +120,20 @@ mod tests {
         assert_eq!(a.lines().count(), 50);
         assert!(a.lines().last().is_some_and(|l| l.contains("finish")));
         assert!(a.contains("\"note\"") && a.contains("\"read\"") && a.contains("\"plan\""));
+    }
+
+    #[test]
+    fn the_noop_script_is_distinct_notes_then_finish() {
+        let a = noop_script(30);
+        let lines: Vec<&str> = a.lines().collect();
+        assert_eq!(lines.len(), 30);
+        assert!(lines[..29].iter().all(|l| l.contains("\"note\"")));
+        assert!(lines[29].contains("\"finish\""));
+        let distinct: std::collections::HashSet<&&str> = lines.iter().collect();
+        assert_eq!(
+            distinct.len(),
+            30,
+            "a repeated action would be seen as a loop"
+        );
     }
 }
