@@ -13,8 +13,8 @@ use crate::util::us;
 /// The WAL of a store in use is as large as SQLite lets it grow before a checkpoint (1,000
 /// pages), and a commit writes over frames that are already on the disk: the file neither
 /// grows nor takes new blocks. A new WAL's first commits grow it instead, which on ext4 adds a
-/// synchronous write of the file's metadata (its size, its block map) to each sync: about twice
-/// the I/O and the CPU of a commit of a store in use. So the floor is measured as a store in use
+/// synchronous write of the file's metadata (its size, its block map) to each sync: twice the
+/// I/O of a commit of a store in use, and half again its CPU. So the floor is measured as a store in use
 /// commits: one transaction of 1,200 pages grows the WAL past the checkpoint threshold, the
 /// checkpoint that follows it copies them to the database, and the next transaction starts
 /// the WAL over from its first frame.
