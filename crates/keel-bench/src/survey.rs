@@ -183,7 +183,7 @@ pub fn run(
     };
     let git_processes = last.2 - first.2;
     let commits = store.commits() - commits_before;
-    let stored_blobs = util::count_blobs(&db)?;
+    let stored_blobs = util::count_blobs(&db, &id)?;
     let projection_bytes = serde_json::to_string(&store.run(&id)?)?.len();
     let (store_bytes, _) = util::size(&ws.join(".keel"))?;
     let (_, artifact_files) = util::size(&ws.join(".keel").join("artifacts"))?;

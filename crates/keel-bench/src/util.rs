@@ -166,14 +166,14 @@ pub fn figure(
     m
 }
 
-/// How many artifacts a store keeps with its runs' events (in their `log` rows).
-pub fn count_blobs(db: &Path) -> Result<u64> {
+/// How many artifacts the store keeps with run `run`'s events (in its `log` rows).
+pub fn count_blobs(db: &Path, run: &str) -> Result<u64> {
     let conn =
         rusqlite::Connection::open(db).with_context(|| format!("opening {}", db.display()))?;
     // Each name in a row's `blob_hashes` is 64 hex digits and a newline (keel-store `log`).
     Ok(conn.query_row(
-        "SELECT coalesce(sum(length(blob_hashes) / 65), 0) FROM log",
-        [],
+        "SELECT coalesce(sum(length(blob_hashes) / 65), 0) FROM log WHERE run_id = ?1",
+        [run],
         |r| r.get(0),
     )?)
 }
