@@ -4,8 +4,8 @@
 //! (8 events in one commit, grouped as the engine groups them) through `Store::commit`. With
 //! group commit (keel-store's default, what the engine does) the commits that wait for the
 //! write lock share the next transaction and fsync; without it (`Store::set_grouped(false)`)
-//! every commit is its own transaction and fsync. Each mode writes to a fresh database in the
-//! same directory.
+//! every commit is its own transaction and fsync. Each trial writes to a fresh database in the
+//! same directory; the modes take turns, [`ROUNDS`] trials each.
 
 use std::path::Path;
 use std::sync::Barrier;
@@ -26,6 +26,9 @@ pub struct Trial {
     pub commits: u64,
     pub separate_events_per_s: f64,
     pub group_events_per_s: f64,
+    /// Each trial's events per second, in the order they were taken.
+    pub separate_samples: Vec<f64>,
+    pub group_samples: Vec<f64>,
     pub mean_batch: f64,
     pub largest_batch: u64,
 }
@@ -39,11 +42,19 @@ impl Trial {
             "group_commit": round1(self.group_events_per_s),
             "without_group_commit": round1(self.separate_events_per_s),
             "ratio": round1(self.group_events_per_s / self.separate_events_per_s.max(1e-9)),
+            "group_commit_trials": self.group_samples.iter().map(|v| round1(*v)).collect::<Vec<_>>(),
+            "without_group_commit_trials":
+                self.separate_samples.iter().map(|v| round1(*v)).collect::<Vec<_>>(),
             "mean_commits_per_transaction": round1(self.mean_batch),
             "largest_transaction": self.largest_batch,
         })
     }
 }
+
+/// Trials of each mode, taken in turns (without, with, without, …): each mode's figure is the
+/// median of its trials, so that a slow moment of the machine falls on one trial of one mode,
+/// not on a whole mode. A trial of 8 writers is a few dozen milliseconds.
+pub const ROUNDS: usize = 3;
 
 pub fn measure(
     base: &Path,
@@ -53,26 +64,43 @@ pub fn measure(
     steps: usize,
 ) -> Result<Trial> {
     let dir = tempfile::tempdir_in(base)?;
-
-    let (events, commits, elapsed, _) = trial(
-        dir.path(),
-        "separate",
-        created,
-        template,
-        writers,
-        steps,
-        false,
-    )?;
-    let separate = events as f64 / elapsed.as_secs_f64();
-    let (events_grouped, _, elapsed, stats) =
-        trial(dir.path(), "group", created, template, writers, steps, true)?;
-    let grouped = events_grouped as f64 / elapsed.as_secs_f64();
+    let (mut separate, mut grouped) = (Vec::new(), Vec::new());
+    let (mut events, mut commits) = (0, 0);
+    let mut stats = CommitStats::default();
+    for round in 0..ROUNDS {
+        let (n, c, elapsed, _) = trial(
+            dir.path(),
+            &format!("separate{round}"),
+            created,
+            template,
+            writers,
+            steps,
+            false,
+        )?;
+        (events, commits) = (n, c);
+        separate.push(n as f64 / elapsed.as_secs_f64());
+        let (n, _, elapsed, s) = trial(
+            dir.path(),
+            &format!("group{round}"),
+            created,
+            template,
+            writers,
+            steps,
+            true,
+        )?;
+        grouped.push(n as f64 / elapsed.as_secs_f64());
+        stats.transactions += s.transactions;
+        stats.commits += s.commits;
+        stats.largest = stats.largest.max(s.largest);
+    }
     Ok(Trial {
         writers,
         events,
         commits,
-        separate_events_per_s: separate,
-        group_events_per_s: grouped,
+        separate_events_per_s: crate::util::median(&separate),
+        group_events_per_s: crate::util::median(&grouped),
+        separate_samples: separate,
+        group_samples: grouped,
         mean_batch: stats.commits as f64 / stats.transactions.max(1) as f64,
         largest_batch: stats.largest,
     })

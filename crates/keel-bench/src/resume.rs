@@ -9,6 +9,12 @@
 //! resume is then `keel_engine::resume` of that waiting run: lease, newest checkpoint and the
 //! events after it (checked and folded), contract, driver, the `resumed` commit and the drift
 //! check, after which the run goes on waiting.
+//!
+//! Every size's run is built before any is timed, the machine's dirty pages are then written
+//! out, and the timed resumes take turns across the sizes (one of each, then again): a resume
+//! timed right after its log was built waited for the kernel writing out that build behind
+//! its own `resumed` commit's sync, and a slow second of the machine falls on one sample of
+//! every size rather than on every sample of one.
 
 use std::path::Path;
 use std::time::Instant;
@@ -48,7 +54,20 @@ impl Resume {
     }
 }
 
-pub fn measure(base: &Path, template: &Template, events: u64, samples: usize) -> Result<Resume> {
+/// A run waiting for its answer at the end of a log of about the wanted size, ready to be
+/// resumed and timed.
+pub struct Built {
+    /// Holds the run's workspace and store until the measurement is done.
+    _dir: tempfile::TempDir,
+    store: Store,
+    id: String,
+    actor: Actor,
+    build_s: f64,
+    script_bytes: u64,
+    resume_ms: Vec<f64>,
+}
+
+pub fn build(base: &Path, template: &Template, events: u64) -> Result<Built> {
     let built = Instant::now();
     let dir = tempfile::tempdir_in(base)?;
     let ws = dir.path().join("ws");
@@ -132,39 +151,54 @@ pub fn measure(base: &Path, template: &Template, events: u64, samples: usize) ->
         run.state,
         run.reason
     );
-    let build_s = built.elapsed().as_secs_f64();
+    Ok(Built {
+        _dir: dir,
+        store,
+        id,
+        actor,
+        build_s: built.elapsed().as_secs_f64(),
+        script_bytes: script.len() as u64,
+        resume_ms: Vec::new(),
+    })
+}
 
-    let mut resume_ms = Vec::with_capacity(samples);
-    for _ in 0..samples {
+impl Built {
+    /// Times one resume of the waiting run, which goes on waiting.
+    pub fn resume_once(&mut self) -> Result<()> {
         let started = Instant::now();
         let run = keel_engine::resume(
-            &mut store,
-            &id,
+            &mut self.store,
+            &self.id,
             &ResumeOptions::default(),
-            &actor,
+            &self.actor,
             &mut Quiet,
         )?;
-        resume_ms.push(ms(started.elapsed()));
+        self.resume_ms.push(ms(started.elapsed()));
         ensure!(
             run.state == RunState::Waiting,
             "a timed resume left the run {}: {}",
             run.state,
             run.reason
         );
+        Ok(())
     }
-    let (last_seq, _) = store.log_head(&id)?;
-    let checkpoint = store
-        .newest_checkpoint(&id)?
-        .context("the run has no checkpoint")?;
-    Ok(Resume {
-        events: last_seq,
-        resume_ms,
-        build_s,
-        tail_events: last_seq - checkpoint.seq,
-        checkpoint_bytes: checkpoint.body.len(),
-        projection_bytes: serde_json::to_string(&store.run(&id)?)?.len(),
-        script_bytes: script.len() as u64,
-    })
+
+    pub fn finish(self) -> Result<Resume> {
+        let (last_seq, _) = self.store.log_head(&self.id)?;
+        let checkpoint = self
+            .store
+            .newest_checkpoint(&self.id)?
+            .context("the run has no checkpoint")?;
+        Ok(Resume {
+            events: last_seq,
+            resume_ms: self.resume_ms,
+            build_s: self.build_s,
+            tail_events: last_seq - checkpoint.seq,
+            checkpoint_bytes: checkpoint.body.len(),
+            projection_bytes: serde_json::to_string(&self.store.run(&self.id)?)?.len(),
+            script_bytes: self.script_bytes,
+        })
+    }
 }
 
 const CONTRACT: &str = r#"[task]

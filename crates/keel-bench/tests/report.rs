@@ -29,11 +29,10 @@ fn the_quick_report_is_json_with_every_figure() {
             "20",
             "--runs",
             "6",
-            // One run at a time: runs driven concurrently in one process can collide in the
-            // artifact store (two threads storing the same bytes share a temporary file name),
-            // which the full report shows as failed runs; this test checks the report's shape.
+            // Four runs at a time, so that the last of the two rounds is not full (the
+            // reference is the bound of that schedule). This test checks the report's shape.
             "--pool",
-            "1",
+            "4",
             "--resume-sizes",
             "100,1000",
         ])
@@ -83,10 +82,28 @@ fn the_quick_report_is_json_with_every_figure() {
     assert!(report["cpu_us_per_step"]["reference"]["floor_commit_cpu_us"].is_number());
     assert!(report["resume_ms"]["value"]["events_100"].is_number());
     assert!(report["resume_ms"]["value"]["events_1000"].is_number());
+    // Three timed resumes of each size (--quick), and three trials of each group commit mode.
+    for run in report["resume_ms"]["runs"].as_array().unwrap() {
+        assert_eq!(run["samples_ms"].as_array().unwrap().len(), 3, "{run}");
+    }
+    for trial in report["events_per_s"]["trials"].as_array().unwrap() {
+        for key in ["group_commit_trials", "without_group_commit_trials"] {
+            assert_eq!(trial[key].as_array().unwrap().len(), 3, "{trial}");
+        }
+    }
     assert!(report["prompt_tokens"]["value"]["step_10"].is_number());
     assert!(report["prompt_tokens"]["value"]["step_20"].is_number());
     assert!(report["concurrent_runs"]["value"]["steps_per_s"].is_number());
     assert_eq!(report["concurrent_runs"]["completed"], 6, "{report:#}");
+    // Six runs on four threads: the busiest thread drives two runs one after the other, so the
+    // model's 50 ms allow 6 runs' steps in 2 rounds of steps, 60 a second, not 4 / 0.05 s.
+    let reference = &report["concurrent_runs"]["reference"];
+    assert_eq!(reference["rounds"], 2, "{reference}");
+    assert_eq!(reference["allowed_steps_per_s"], 60.0, "{reference}");
+    assert_eq!(
+        reference["in_flight_bound_steps_per_s"], 80.0,
+        "{reference}"
+    );
     assert!(report["concurrent_runs"]["tokenizer_build_ms"].is_number());
     // Each run's gaps between its model calls, and its one acceptance verifier.
     let gaps = &report["concurrent_runs"]["run_gaps_ms"];
