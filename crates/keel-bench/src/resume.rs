@@ -11,10 +11,10 @@
 //! check, after which the run goes on waiting.
 //!
 //! Every size's run is built before any is timed, the machine's dirty pages are then written
-//! out, and the timed resumes take turns across the sizes (one of each, then again): a resume
-//! timed right after its log was built waited for the kernel writing out that build behind
-//! its own `resumed` commit's sync, and a slow second of the machine falls on one sample of
-//! every size rather than on every sample of one.
+//! out, and the timed resumes take turns across the sizes (one of each, then again). A resume
+//! timed right after its log was built could wait for the kernel still writing that build out
+//! ahead of its own `resumed` commit's sync, and a slow second of the machine now falls on one
+//! sample of every size rather than on every sample of one.
 
 use std::path::Path;
 use std::time::Instant;
