@@ -163,7 +163,8 @@ fn main() -> Result<()> {
     let load_start = util::loadavg();
     let mut report = Map::new();
 
-    // The floor first, then again after the survey run: the disk may change under load.
+    // Half the floor first, the other half after the no-op and survey runs: the disk may
+    // change under load.
     let mut floor_us = Vec::new();
     let mut floor_cpu_us = 0.0;
     let floor_dir = tempfile::tempdir_in(&base)?;
@@ -217,7 +218,7 @@ fn main() -> Result<()> {
             "One INSERT of a 300-byte row in BEGIN IMMEDIATE … COMMIT, WAL, synchronous = \
              FULL (keel-store's settings, with the same build of SQLite: it syncs with \
              fdatasync), in the same temporary directory as the runs; half the commits before \
-             the survey run and half after it, each half in a new database whose WAL one \
+             the no-op and survey runs and half after them, each half in a new database whose WAL one \
              unmeasured transaction of 1,200 pages first grew past the checkpoint threshold, so \
              the measured commits write over it from its start, as a store in use does (a new \
              WAL's commits grow the file, and a sync then also writes its size and block map). \
