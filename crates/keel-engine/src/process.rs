@@ -123,7 +123,7 @@ pub fn run_program(
             cmd.env_remove(name);
         }
     }
-    let (outcome, _) = spawn_and_wait(cmd, output, timeout, input)?;
+    let (outcome, _) = spawn_and_wait(cmd, |mut c| c.spawn(), output, timeout, input)?;
     Ok(outcome)
 }
 
@@ -131,6 +131,7 @@ pub fn run_program(
 /// the timeout, and says how it ended (and its exit code, if it exited).
 fn spawn_and_wait(
     mut cmd: Command,
+    spawn: impl FnOnce(Command) -> std::io::Result<std::process::Child>,
     output: &Path,
     timeout: Duration,
     input: Option<&Path>,
@@ -146,7 +147,7 @@ fn spawn_and_wait(
     // started without a fork, which would copy keel's memory map).
     cmd.stdin(stdin).stdout(out).stderr(err).process_group(0);
     let started = Instant::now();
-    let mut child = cmd.spawn()?;
+    let mut child = spawn(cmd)?;
     let pgid = Pid::from_raw(child.id() as i32);
     fault::point("command running");
     let (tx, rx) = mpsc::channel();
@@ -451,7 +452,8 @@ impl Confinement {
         let (cmd, mut private_tmp) = sandbox
             .command_noting_end(&policy, self.ended.as_deref())
             .map_err(|e| std::io::Error::other(format!("the sandbox refused to start: {e}")))?;
-        let (mut outcome, code) = spawn_and_wait(cmd, output, timeout, input)?;
+        let (mut outcome, code) =
+            spawn_and_wait(cmd, |c| private_tmp.spawn(c), output, timeout, input)?;
         if code == Some(keel_sandbox::REFUSED_EXIT_CODE)
             && let Some(reason) = private_tmp.refusal()
         {

@@ -192,10 +192,17 @@ fn run_stage1(request: &Request) -> Result<i32, SandboxError> {
     };
 
     let guard = match (root, policy.limits.processes, &request.cgroup) {
-        (true, Some(_), Some(given)) => CgroupGuard {
-            dir: Some(given.clone()),
-            made: false,
-        },
+        (true, Some(_), Some(given)) => {
+            // Started inside it when the caller's thread in it started the helper (see
+            // `cgroup`); stage 2 is made in it either way.
+            if !cgroup::holds_self(given) {
+                cgroup::join(given)?;
+            }
+            CgroupGuard {
+                dir: Some(given.clone()),
+                made: false,
+            }
+        }
         (true, Some(max), None) => CgroupGuard {
             dir: Some(cgroup::create(max, std::process::id())?),
             made: true,
@@ -501,7 +508,10 @@ fn stage2(stage: &Stage2) -> ! {
 /// Becomes the command; returns only the error of `exec`.
 fn run_stage2(stage: &Stage2) -> Result<std::io::Error, SandboxError> {
     let policy = &stage.request.policy;
-    if let Some(dir) = &stage.cgroup {
+    // Made in it when stage 1 is in it (a cgroup the caller gave); one stage 1 made, it joins.
+    if let Some(dir) = &stage.cgroup
+        && !cgroup::holds_self(dir)
+    {
         cgroup::join(dir)?;
     }
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(|source| SandboxError::Prctl {

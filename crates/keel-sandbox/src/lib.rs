@@ -13,8 +13,9 @@
 //! on a virtual machine:
 //!
 //! 1. **Stage 1** (in the caller's process group) blocks SIGTERM, SIGINT, SIGHUP, SIGQUIT and
-//!    SIGCHLD, takes the pids cgroup the caller made for the command when running as root (or makes
-//!    one itself, when the caller gave none), then `unshare`s a mount namespace, a pid namespace,
+//!    SIGCHLD, moves into the pids cgroup the caller made for the command when running as root
+//!    (unless the caller started it there, see [`PrivateTmp::spawn`]; or makes one itself, when
+//!    the caller gave none), then `unshare`s a mount namespace, a pid namespace,
 //!    an IPC namespace, a network namespace (unless `network` is true; as root it enters the one
 //!    the caller made or kept instead, see **Network** below) and, when not root, a user namespace
 //!    in which the caller's uid and gid are mapped to 0 (setgroups denied). It makes every mount
@@ -26,7 +27,8 @@
 //!    (the caller keeps or removes its own), writes the end file if it was given one
 //!    ([`Sandbox::command_noting_end`]), and exits with stage 2's exit code, or 128 + the signal
 //!    that killed it.
-//! 2. **Stage 2** is PID 1 of the new pid namespace. It joins the cgroup, sets
+//! 2. **Stage 2** is PID 1 of the new pid namespace. It joins the cgroup stage 1 made (one
+//!    the caller gave, it is made in), sets
 //!    `PR_SET_PDEATHSIG` to SIGKILL (and checks that stage 1 is still alive), mounts a fresh
 //!    `/proc` (which shows only the sandbox's processes), sets the resource limits, drops every
 //!    capability (bounding, ambient, inheritable, effective, permitted sets), sets
@@ -253,9 +255,9 @@ pub(crate) struct Request {
     /// which stage 1 enters instead of making one; only as root, only without network.
     #[serde(default)]
     pub net: Option<PathBuf>,
-    /// A pids cgroup the caller made or kept for the command, `pids.max` set: stage 2 moves
-    /// into it, and stage 1 neither makes nor removes one. Only as root, only with a process
-    /// limit.
+    /// A pids cgroup the caller made or kept for the command, `pids.max` set: stage 1 moves
+    /// into it unless it was started there, makes stage 2 in it, and neither makes nor removes
+    /// one. Only as root, only with a process limit.
     #[serde(default)]
     pub cgroup: Option<PathBuf>,
     /// The starting program's [`BUILD`]: a helper of another build refuses the request.
@@ -334,7 +336,7 @@ impl Sandbox {
             parent: std::process::id(),
             ended: ended.map(Path::to_path_buf),
             net: private.net.as_ref().map(netns::path),
-            cgroup: private.cgroup.clone(),
+            cgroup: private.cgroup.as_ref().map(|taken| taken.dir.clone()),
             build: BUILD,
         };
         let json = serde_json::to_string(&request).map_err(SandboxError::Serialize)?;

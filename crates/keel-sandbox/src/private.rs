@@ -101,7 +101,7 @@ pub struct PrivateTmp {
     /// The command's network namespace, when the caller made it.
     pub(crate) net: Option<OwnedFd>,
     /// The command's pids cgroup, when the caller made it.
-    pub(crate) cgroup: Option<PathBuf>,
+    pub(crate) cgroup: Option<crate::cgroup::Taken>,
 }
 
 impl PrivateTmp {
@@ -168,6 +168,21 @@ impl PrivateTmp {
     /// processes dying for a moment after it.
     pub fn helper_exited(&mut self) {
         self.ended = true;
+    }
+
+    /// Starts `cmd`, the command [`Sandbox::command`](crate::Sandbox::command) returned with
+    /// this directory, configured by the caller (its stdio, its process group). As root under
+    /// cgroup v1 it is started from the thread of this process that is in the command's cgroup,
+    /// so that the helper and the command start inside it and none of them has to move in
+    /// (see `cgroup`); otherwise from the calling thread. `cmd.spawn()` works too, only slower.
+    pub fn spawn(&self, cmd: std::process::Command) -> std::io::Result<std::process::Child> {
+        match &self.cgroup {
+            Some(taken) => taken.spawn(cmd),
+            None => {
+                let mut cmd = cmd;
+                cmd.spawn()
+            }
+        }
     }
 
     /// The command's `TMPDIR`.
@@ -260,11 +275,11 @@ impl Drop for PrivateTmp {
         {
             netns::keep(net);
         }
-        if let Some(dir) = self.cgroup.take() {
+        if let Some(taken) = self.cgroup.take() {
             if self.ended {
-                crate::cgroup::give_back(dir);
+                crate::cgroup::give_back(taken);
             } else {
-                crate::cgroup::abandon(dir);
+                crate::cgroup::abandon(taken);
             }
         }
         if self.reset() {

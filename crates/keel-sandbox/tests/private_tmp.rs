@@ -84,14 +84,9 @@ fn a_private_tmp_is_kept_emptied_only_when_nothing_of_the_command_can_remain_in_
     }
 
     // The kept directory is removed when the process exits.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_keel-sandbox-test-helper"))
-        .arg("--run-one")
-        .arg(&f.ws)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    let mut lines = stdout.lines();
+    let stdout = common::run_one(&f.ws);
+    // After what the command printed (its cgroups, `N:controllers:/path` lines).
+    let mut lines = stdout.lines().skip_while(|l| !l.starts_with('/'));
     let tmp = PathBuf::from(lines.next().unwrap());
     assert_eq!(lines.next(), Some("kept 1"), "{stdout}");
     assert!(

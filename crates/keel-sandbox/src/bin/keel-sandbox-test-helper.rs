@@ -2,9 +2,11 @@
 //! binary of their own to re-execute): they run `Sandbox::new(path_of_this_binary)`. keel's own
 //! small helper, `keel-sandbox-helper`, is keel-cli's.
 //!
-//! With `--run-one <workspace>` it is instead a program that runs `true` in the sandbox in
-//! `<workspace>`, prints the command's `TMPDIR` and exits normally: the tests see that the
-//! private directory kept for a next command is removed when the process exits.
+//! With `--run-one <workspace>` it is instead a program that runs `cat /proc/self/cgroup` in
+//! the sandbox in `<workspace>` (started with `PrivateTmp::spawn`, as keel starts its
+//! commands), prints the command's `TMPDIR`, what is kept, and exits normally: the tests see that
+//! the private directory and the cgroup kept for a next command are removed when the process
+//! exits.
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -26,17 +28,16 @@ fn run_one(workspace: &str) -> i32 {
         network: false,
         limits: keel_sandbox::Limits::default(),
         env: vec![("PATH".into(), "/usr/bin:/bin".into())],
-        argv: vec!["true".into()],
+        argv: vec!["cat".into(), "/proc/self/cgroup".into()],
     };
     let ran = keel_sandbox::Sandbox::new(exe)
         .command(&policy)
-        .and_then(|(mut cmd, mut tmp)| {
-            let status = cmd
-                .status()
-                .map_err(|source| keel_sandbox::SandboxError::Io {
-                    what: "run true".into(),
-                    source,
-                })?;
+        .and_then(|(cmd, mut tmp)| {
+            let io = |source| keel_sandbox::SandboxError::Io {
+                what: "run cat".into(),
+                source,
+            };
+            let status = tmp.spawn(cmd).and_then(|mut c| c.wait()).map_err(io)?;
             if status.code().is_some() {
                 tmp.helper_exited();
             }
@@ -47,10 +48,11 @@ fn run_one(workspace: &str) -> i32 {
             println!("{}", tmp.path().display());
             drop(tmp);
             println!("kept {}", keel_sandbox::kept_private_dirs());
+            println!("cgroups kept {}", keel_sandbox::kept_cgroups());
             0
         }
         Ok((status, _)) => {
-            eprintln!("true ended {status}");
+            eprintln!("cat ended {status}");
             1
         }
         Err(e) => {

@@ -183,7 +183,9 @@ pub fn unique(prefix: &str) -> String {
 /// removed, and with it the command's network namespace and cgroup).
 pub fn run_to_end(policy: &Policy, exited: bool) -> String {
     let (mut cmd, mut tmp) = sandbox().command(policy).unwrap();
-    let out = cmd.stderr(Stdio::inherit()).output().unwrap();
+    cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
+    // Started as keel starts its commands (from the thread in the command's cgroup, if any).
+    let out = tmp.spawn(cmd).unwrap().wait_with_output().unwrap();
     assert!(out.status.success(), "{out:?}");
     if exited {
         tmp.helper_exited();
@@ -212,4 +214,16 @@ for i in range({tries}):
 print('children', children)
 "
     )
+}
+
+/// What `keel-sandbox-test-helper --run-one <workspace>` printed: a program of its own that runs
+/// one command in the sandbox and exits normally (see that binary).
+pub fn run_one(workspace: &Path) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_keel-sandbox-test-helper"))
+        .arg("--run-one")
+        .arg(workspace)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
 }
