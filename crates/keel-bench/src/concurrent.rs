@@ -177,6 +177,7 @@ pub fn measure(
             transactions: commits_after.transactions - commits_before.transactions,
             commits: commits_after.commits - commits_before.commits,
             largest: commits_after.largest,
+            boosted: commits_after.boosted - commits_before.boosted,
         },
         exchange_ms,
         run_ms,

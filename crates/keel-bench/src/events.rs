@@ -92,6 +92,7 @@ pub fn measure(
         stats.transactions += s.transactions;
         stats.commits += s.commits;
         stats.largest = stats.largest.max(s.largest);
+        stats.boosted += s.boosted;
     }
     Ok(Trial {
         writers,
@@ -145,6 +146,7 @@ fn trial(
         transactions: after.transactions - before.transactions,
         commits: after.commits - before.commits,
         largest: after.largest,
+        boosted: after.boosted - before.boosted,
     };
     Ok((events, commits, elapsed, stats))
 }

@@ -604,6 +604,7 @@ fn concurrent_figure(c: &concurrent::Concurrent) -> Value {
                 c.commits.commits as f64 / c.commits.transactions.max(1) as f64
             ),
             "largest_transaction": c.commits.largest,
+            "boosted_transactions": c.commits.boosted,
         }),
     );
     let quantiles = |v: &[u64]| {

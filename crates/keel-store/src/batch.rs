@@ -41,6 +41,8 @@ pub(crate) struct Writers {
     transactions: AtomicU64,
     commits: AtomicU64,
     largest: AtomicU64,
+    /// Transactions whose leader ran at a raised priority (see [`Boost`]).
+    boosted: AtomicU64,
 }
 
 #[derive(Default)]
@@ -67,12 +69,14 @@ struct Slot {
 }
 
 /// The transactions `Store::commit` wrote to one store file in this process: how many, the
-/// commits they held, the most one held.
+/// commits they held, the most one held, and how many were written by a leader that had others
+/// waiting and could raise its thread's priority meanwhile.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CommitStats {
     pub transactions: u64,
     pub commits: u64,
     pub largest: u64,
+    pub boosted: u64,
 }
 
 /// A commit left in the queue by a thread that found the lock taken: made ready before it was
@@ -123,6 +127,7 @@ impl Writers {
             transactions: self.transactions.load(Ordering::Relaxed),
             commits: self.commits.load(Ordering::Relaxed),
             largest: self.largest.load(Ordering::Relaxed),
+            boosted: self.boosted.load(Ordering::Relaxed),
         }
     }
 
@@ -228,7 +233,63 @@ impl Writers {
             }
             None => own_conn,
         };
+        // Others wait for this lock: a leader that loses its CPU to another thread while it
+        // holds it stalls them all, so it runs ahead of the process's other threads meanwhile.
+        let boost = (!queued.is_empty() || self.waiting() > 0).then(Boost::raise);
+        if boost.as_ref().is_some_and(|b| b.restore.is_some()) {
+            self.boosted.fetch_add(1, Ordering::Relaxed);
+        }
         write(self, conn, path, own, queued)
+    }
+}
+
+/// How far a leader with others waiting raises its thread's scheduling priority, in nice steps
+/// (at most to -20): from the default 0 to the top. In `keel-bench`'s 1,000 runs, where the
+/// write lock is almost always held and two cores run about a hundred threads, 20 steps gave
+/// 77-81% of the allowed throughput against 77-79% for 10 (three alternating pairs), and 10
+/// against none 74-80% against 73-76% (four).
+const LEADER_BOOST: i32 = 20;
+
+thread_local! {
+    /// Whether this thread may raise its priority: root, or `RLIMIT_NICE` allows it. Tried
+    /// once per thread; a refusal is not tried again.
+    static MAY_RAISE: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+
+/// The calling thread's priority raised by [`LEADER_BOOST`] (on Linux `setpriority` with pid 0
+/// is the calling thread's), put back when dropped. Where the raise is not allowed, nothing
+/// changes: commits are only slower to queue behind a preempted leader.
+struct Boost {
+    restore: Option<i32>,
+}
+
+impl Boost {
+    fn raise() -> Boost {
+        let mut boost = Boost { restore: None };
+        if !MAY_RAISE.get() {
+            return boost;
+        }
+        let Ok(nice) = rustix::process::getpriority_process(None) else {
+            return boost;
+        };
+        let raised = nice.saturating_sub(LEADER_BOOST).max(-20);
+        if raised >= nice {
+            return boost;
+        }
+        if rustix::process::setpriority_process(None, raised).is_ok() {
+            boost.restore = Some(nice);
+        } else {
+            MAY_RAISE.set(false);
+        }
+        boost
+    }
+}
+
+impl Drop for Boost {
+    fn drop(&mut self) {
+        if let Some(nice) = self.restore {
+            let _ = rustix::process::setpriority_process(None, nice);
+        }
     }
 }
 
@@ -352,4 +413,62 @@ pub(crate) fn write_commits(
     // Through `finish`, so that `KEEL_STORE_FAULT` reaches a shared commit as it does any other.
     crate::finish(tx)?;
     Ok(outcomes)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use keel_test_support::priority::{may_raise_priority as may_raise, nice};
+
+    #[test]
+    fn a_boost_raises_the_threads_priority_while_held_and_puts_it_back() {
+        std::thread::spawn(|| {
+            let allowed = may_raise();
+            let before = nice();
+            {
+                let boost = Boost::raise();
+                if allowed {
+                    assert_eq!(nice(), (before - LEADER_BOOST).max(-20));
+                    assert_eq!(boost.restore, Some(before));
+                } else {
+                    eprintln!("this thread may not raise its priority: the boost changes nothing");
+                    assert_eq!(nice(), before);
+                    assert_eq!(boost.restore, None);
+                }
+            }
+            assert_eq!(nice(), before);
+            // Another thread's boost is its own: this thread's priority stays as it is.
+            let (raised, is_raised) = std::sync::mpsc::channel();
+            let (checked, is_checked) = std::sync::mpsc::channel::<()>();
+            let other = std::thread::spawn(move || {
+                let boost = Boost::raise();
+                raised.send(boost.restore.map(|_| nice())).unwrap();
+                is_checked.recv().unwrap();
+            });
+            let theirs = is_raised.recv().unwrap();
+            assert_eq!(nice(), before);
+            if allowed {
+                assert_eq!(theirs, Some((before - LEADER_BOOST).max(-20)));
+            }
+            checked.send(()).unwrap();
+            other.join().unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_thread_refused_once_does_not_ask_again() {
+        std::thread::spawn(|| {
+            MAY_RAISE.set(false);
+            let before = nice();
+            let boost = Boost::raise();
+            assert_eq!(boost.restore, None);
+            assert_eq!(nice(), before);
+        })
+        .join()
+        .unwrap();
+    }
 }
