@@ -164,7 +164,7 @@ impl Holder {
 
 impl Taken {
     /// Starts `cmd` in the cgroup: from its holder thread when it has one (so the command's
-    /// helper starts inside it), else from the calling thread (stage 2 then moves in).
+    /// helper starts inside it), else from the calling thread (stage 1 then moves in).
     pub(crate) fn spawn(&self, mut cmd: Command) -> std::io::Result<Child> {
         let Some(holder) = &self.holder else {
             return cmd.spawn();
