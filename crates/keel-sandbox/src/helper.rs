@@ -28,8 +28,11 @@ struct Stage2 {
     request: Request,
     /// Stage 1's pid (in the caller's pid namespace).
     parent: u32,
-    /// The pids cgroup to join, as root.
+    /// The command's pids cgroup, as root.
     cgroup: Option<PathBuf>,
+    /// Whether stage 2 moves into `cgroup`: stage 1 made it, and is not in it. A cgroup the
+    /// caller gave, stage 1 is in, and stage 2 is made there.
+    join_cgroup: bool,
     /// More writable places stage 1 made (the private `/dev/shm`).
     extra_writable: Vec<PathBuf>,
 }
@@ -293,6 +296,7 @@ fn run_stage1(request: &Request) -> Result<i32, SandboxError> {
         request: request.clone(),
         parent: std::process::id(),
         cgroup: guard.dir.clone(),
+        join_cgroup: guard.made,
         extra_writable,
     };
     let pid = fork_stage2(stage2)?;
@@ -508,9 +512,8 @@ fn stage2(stage: &Stage2) -> ! {
 /// Becomes the command; returns only the error of `exec`.
 fn run_stage2(stage: &Stage2) -> Result<std::io::Error, SandboxError> {
     let policy = &stage.request.policy;
-    // Made in it when stage 1 is in it (a cgroup the caller gave); one stage 1 made, it joins.
     if let Some(dir) = &stage.cgroup
-        && !cgroup::holds_self(dir)
+        && stage.join_cgroup
     {
         cgroup::join(dir)?;
     }

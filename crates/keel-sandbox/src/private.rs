@@ -175,13 +175,10 @@ impl PrivateTmp {
     /// cgroup v1 it is started from the thread of this process that is in the command's cgroup,
     /// so that the helper and the command start inside it and none of them has to move in
     /// (see `cgroup`); otherwise from the calling thread. `cmd.spawn()` works too, only slower.
-    pub fn spawn(&self, cmd: std::process::Command) -> std::io::Result<std::process::Child> {
+    pub fn spawn(&self, mut cmd: std::process::Command) -> std::io::Result<std::process::Child> {
         match &self.cgroup {
             Some(taken) => taken.spawn(cmd),
-            None => {
-                let mut cmd = cmd;
-                cmd.spawn()
-            }
+            None => cmd.spawn(),
         }
     }
 
