@@ -2,7 +2,7 @@
 //!
 //! The model is a fake OpenAI-compatible server on loopback (plain HTTP/1.1, a thread per
 //! connection) that waits `latency` before each answer; runs reach it through keel's real
-//! `openai` driver (keel-llm's client over reqwest). Each run has its own model name, so the
+//! `openai` driver (keel-llm's client over ureq). Each run has its own model name, so the
 //! server knows which run is asking: it answers `note` (a different text each time, so no
 //! loop is seen) until the run's last step, then `finish`.
 //!

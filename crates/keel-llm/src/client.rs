@@ -4,7 +4,7 @@ use once_cell::sync::OnceCell;
 use std::time::{Duration, Instant};
 
 use keel_core::agent::{ModelReply, Prompt, ToolSpec};
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use ureq::http::header::{self, HeaderName, HeaderValue};
 
 use crate::config::{ClientConfig, Provider, redact_url};
 use crate::error::{EXCERPT_BYTES, LlmError, excerpt};
@@ -14,13 +14,17 @@ use crate::{anthropic, openai, wire};
 /// calling thread for the whole call, retries and backoff included.
 pub struct Client {
     config: ClientConfig,
-    http: reqwest::blocking::Client,
+    http: ureq::Agent,
     /// Where requests go.
     target: String,
     /// `target` fit for messages: no credentials, query or fragment.
     endpoint: String,
-    headers: HeaderMap,
+    headers: Vec<(HeaderName, HeaderValue)>,
 }
+
+/// The largest answer read: a model's answer is a few kilobytes, and a server that sends more
+/// than this is not answering the request.
+const LARGEST_ANSWER: u64 = 64 * 1024 * 1024;
 
 /// A successful call: the raw answer and what it took to get it.
 #[derive(Debug, Clone)]
@@ -63,7 +67,7 @@ impl Client {
                 "the timeout is zero: every attempt would time out at once".to_string(),
             ));
         }
-        let url = reqwest::Url::parse(config.base_url.trim()).map_err(|e| {
+        let url = url::Url::parse(config.base_url.trim()).map_err(|e| {
             LlmError::Transport(format!(
                 "the base URL {} is not a valid URL: {e}",
                 redact_url(&config.base_url)
@@ -79,12 +83,7 @@ impl Client {
         let shown = redact_url(&target);
         let headers = headers(&config)?;
 
-        let http = shared_http(is_loopback(&url)).map_err(|e| {
-            LlmError::Transport(format!(
-                "could not build the HTTP client: {}",
-                error_chain(&e)
-            ))
-        })?;
+        let http = shared_http(is_loopback(&url));
         Ok(Client {
             config,
             http,
@@ -189,14 +188,16 @@ impl Client {
 
     /// One attempt. `Err` only for what must not be retried.
     fn attempt(&self, body: &[u8]) -> Result<Attempt, LlmError> {
-        let response = self
+        let mut request = self
             .http
             .post(&self.target)
-            .timeout(self.config.timeout)
-            .headers(self.headers.clone())
-            .body(body.to_vec())
-            .send();
-        let response = match response {
+            .config()
+            .timeout_global(Some(self.config.timeout))
+            .build();
+        for (name, value) in &self.headers {
+            request = request.header(name, value);
+        }
+        let response = match request.send(body) {
             Ok(response) => response,
             Err(e) => return self.transport_failure(&e).map(Attempt::Retry),
         };
@@ -204,11 +205,27 @@ impl Client {
         let retry_after = retry_after(response.headers());
         let location = response
             .headers()
-            .get(reqwest::header::LOCATION)
+            .get(header::LOCATION)
             .and_then(|v| v.to_str().ok())
             .map(redact_url);
-        let answer = match response.bytes() {
-            Ok(bytes) => bytes.to_vec(),
+        let answer = match response
+            .into_body()
+            .with_config()
+            .limit(LARGEST_ANSWER)
+            .read_to_vec()
+        {
+            Ok(bytes) => bytes,
+            Err(ureq::Error::BodyExceedsLimit(_)) => {
+                return Err(LlmError::Malformed {
+                    message: format!(
+                        "the answer (HTTP {}) is larger than {} MiB; check that the base URL is a model API (POST {})",
+                        status.as_u16(),
+                        LARGEST_ANSWER / (1024 * 1024),
+                        self.endpoint
+                    ),
+                    excerpt: String::new(),
+                });
+            }
             Err(e) => return self.transport_failure(&e).map(Attempt::Retry),
         };
         let code = status.as_u16();
@@ -246,15 +263,15 @@ impl Client {
     }
 
     /// A request that got no HTTP answer: retried, unless the request itself could not be built.
-    fn transport_failure(&self, e: &reqwest::Error) -> Result<Retryable, LlmError> {
+    fn transport_failure(&self, e: &ureq::Error) -> Result<Retryable, LlmError> {
         let chain = self.scrub(&error_chain(e));
-        if e.is_builder() {
+        if is_unsendable(e) {
             return Err(LlmError::Transport(format!(
                 "could not build the request to {}: {chain}",
                 self.endpoint
             )));
         }
-        let (line, detail) = if e.is_timeout() {
+        let (line, detail) = if matches!(e, ureq::Error::Timeout(_)) {
             (
                 "timeout".to_string(),
                 format!(
@@ -262,7 +279,7 @@ impl Client {
                     self.config.timeout, self.endpoint
                 ),
             )
-        } else if e.is_connect() {
+        } else if is_connect(e) {
             (
                 format!("connection failed: {chain}"),
                 format!("could not connect (POST {}): {chain}", self.endpoint),
@@ -338,7 +355,7 @@ impl std::fmt::Debug for Client {
 /// The full endpoint: the API's path appended to the base URL's path, keeping any query (some
 /// gateways want `?api-version=…`). For Anthropic, a base path that already ends in `/v1` is
 /// taken as meaning the same as one without it.
-fn endpoint(provider: Provider, base: &reqwest::Url) -> String {
+fn endpoint(provider: Provider, base: &url::Url) -> String {
     let mut url = base.clone();
     let path = base.path().trim_end_matches('/');
     let full = match provider {
@@ -352,16 +369,14 @@ fn endpoint(provider: Provider, base: &reqwest::Url) -> String {
     url.to_string()
 }
 
-fn headers(config: &ClientConfig) -> Result<HeaderMap, LlmError> {
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        reqwest::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    headers.insert(
-        reqwest::header::ACCEPT,
-        HeaderValue::from_static("application/json"),
-    );
+fn headers(config: &ClientConfig) -> Result<Vec<(HeaderName, HeaderValue)>, LlmError> {
+    let mut headers = vec![
+        (
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        ),
+        (header::ACCEPT, HeaderValue::from_static("application/json")),
+    ];
     let key = |value: String| {
         HeaderValue::from_str(&value)
             .map(|mut v| {
@@ -378,20 +393,17 @@ fn headers(config: &ClientConfig) -> Result<HeaderMap, LlmError> {
     match config.provider {
         Provider::OpenAi => {
             if let Some(api_key) = &config.api_key {
-                headers.insert(
-                    reqwest::header::AUTHORIZATION,
-                    key(format!("Bearer {api_key}"))?,
-                );
+                headers.push((header::AUTHORIZATION, key(format!("Bearer {api_key}"))?));
             }
         }
         Provider::Anthropic => {
             if let Some(api_key) = &config.api_key {
-                headers.insert(HeaderName::from_static("x-api-key"), key(api_key.clone())?);
+                headers.push((HeaderName::from_static("x-api-key"), key(api_key.clone())?));
             }
-            headers.insert(
+            headers.push((
                 HeaderName::from_static("anthropic-version"),
                 HeaderValue::from_static(anthropic::API_VERSION),
-            );
+            ));
         }
     }
     Ok(headers)
@@ -407,35 +419,58 @@ pub fn http_clients_built() -> usize {
 
 /// The HTTP client every [`Client`] of this process sends through: one that bypasses any proxy
 /// set in the environment (for loopback endpoints) and one that follows it, each built once.
-/// Building one loads the system's root certificates and starts a thread, which cost more CPU
-/// than a whole short run's requests; shared, they also keep connections alive across runs.
-/// Threads that ask at once wait for one of them to build it (each built its own before, and
-/// all but one were dropped: with 64 runs starting at once, 64 loads of every root
-/// certificate). The proxy environment is read when the first client of a kind is built. A
+/// Shared, they keep connections alive across runs; threads that ask at once wait for one of
+/// them to build it. The proxy environment is read when the first client of a kind is built. A
 /// request's timeout is set on the request.
-fn shared_http(loopback: bool) -> Result<reqwest::blocking::Client, reqwest::Error> {
-    static CLIENTS: [OnceCell<reqwest::blocking::Client>; 2] = [OnceCell::new(), OnceCell::new()];
+///
+/// ureq rather than reqwest (which keel's other HTTP callers use): its blocking client does the
+/// call on the calling thread, where reqwest's hands every request to a runtime thread and
+/// back. Measured on loopback, a model call took about half the CPU (see ARCHITECTURE.md).
+fn shared_http(loopback: bool) -> ureq::Agent {
+    static CLIENTS: [OnceCell<ureq::Agent>; 2] = [OnceCell::new(), OnceCell::new()];
     CLIENTS[usize::from(loopback)]
-        .get_or_try_init(|| {
-            let builder = reqwest::blocking::Client::builder()
-                // No client-wide timeout: each request carries its run's own.
-                .timeout(None)
+        .get_or_init(|| {
+            let tls = ureq::tls::TlsConfig::builder()
+                // The system's certificates, as the rest of keel's HTTPS uses, with the one
+                // crypto provider the build already has.
+                .root_certs(ureq::tls::RootCerts::PlatformVerifier)
+                .unversioned_rustls_crypto_provider(std::sync::Arc::new(
+                    rustls::crypto::aws_lc_rs::default_provider(),
+                ))
+                .build();
+            let builder = ureq::Agent::config_builder()
+                .tls_config(tls)
+                // No agent-wide timeout: each request carries its run's own.
+                .timeout_global(None)
+                // Every status is an answer to read, not an error.
+                .http_status_as_error(false)
                 // An API does not redirect a POST anywhere useful, and following one would
-                // carry the key to another host.
-                .redirect(reqwest::redirect::Policy::none())
+                // carry the key to another host: the redirect is the answer.
+                .max_redirects(0)
+                .max_redirects_will_error(false)
+                // As many kept connections as runs a worker drives at once, for as long as a
+                // slow step may leave one idle.
+                .max_idle_connections(1024)
+                .max_idle_connections_per_host(1024)
+                .max_idle_age(Duration::from_secs(90))
+                // Each kept connection holds its buffers (128 KiB each way by default): an
+                // answer's headers fit in 64 KiB (ureq's limit for them), and a request is
+                // written in pieces of 32.
+                .input_buffer_size(64 * 1024)
+                .output_buffer_size(32 * 1024)
                 .user_agent(concat!("keel/", env!("CARGO_PKG_VERSION")));
-            let built = if loopback {
-                builder.no_proxy().build()
+            let builder = if loopback {
+                builder.proxy(None)
             } else {
-                builder.build()
-            }?;
+                builder.proxy(ureq::Proxy::try_from_env())
+            };
             HTTP_CLIENTS_BUILT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            Ok(built)
+            builder.build().new_agent()
         })
-        .cloned()
+        .clone()
 }
 
-fn is_loopback(url: &reqwest::Url) -> bool {
+fn is_loopback(url: &url::Url) -> bool {
     let Some(host) = url.host_str() else {
         return false;
     };
@@ -455,7 +490,7 @@ fn is_retryable(status: u16) -> bool {
 fn status_line(status: u16) -> String {
     let reason = match status {
         529 => Some("Overloaded"),
-        _ => reqwest::StatusCode::from_u16(status)
+        _ => ureq::http::StatusCode::from_u16(status)
             .ok()
             .and_then(|s| s.canonical_reason()),
     };
@@ -467,7 +502,7 @@ fn status_line(status: u16) -> String {
 
 /// The wait a server asks for: `retry-after-ms` (milliseconds, sent by OpenAI) or `retry-after`
 /// in seconds (fractions allowed). The HTTP-date form and nonsense are ignored (backoff applies).
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+fn retry_after(headers: &ureq::http::HeaderMap) -> Option<Duration> {
     let number = |name: &str| -> Option<f64> {
         let value: f64 = headers.get(name)?.to_str().ok()?.trim().parse().ok()?;
         (value.is_finite() && value >= 0.0).then_some(value)
@@ -486,33 +521,53 @@ pub(crate) fn backoff(retry: u32, base: Duration, max: Duration, unit: f64) -> D
     ceiling.mul_f64(unit.clamp(0.0, 1.0))
 }
 
-/// An error and its causes, joined with `: `, without the URL reqwest adds (the callers show a
-/// redacted one).
-fn error_chain(error: &reqwest::Error) -> String {
-    use std::error::Error as _;
-    let mut parts: Vec<String> = Vec::new();
-    let mut push = |text: String| {
-        if !parts.iter().any(|p| p == &text) {
-            parts.push(text);
-        }
-    };
-    // `without_url` needs ownership; the Display of reqwest's error prints the URL in
-    // parentheses, so the top level is described from its kind instead.
-    push(if error.is_timeout() {
-        "timed out".to_string()
-    } else if error.is_connect() {
-        "error connecting".to_string()
-    } else if error.is_body() || error.is_decode() {
-        "error reading the answer".to_string()
-    } else {
-        "error sending the request".to_string()
-    });
-    let mut source = error.source();
-    while let Some(cause) = source {
-        push(cause.to_string());
-        source = cause.source();
+/// Whether `error` says the request could not be made at all (a URL or header ureq cannot send,
+/// a TLS set-up that cannot work), which no retry fixes.
+fn is_unsendable(error: &ureq::Error) -> bool {
+    matches!(
+        error,
+        ureq::Error::Http(_)
+            | ureq::Error::BadUri(_)
+            | ureq::Error::InvalidProxyUrl
+            | ureq::Error::Pem(_)
+            | ureq::Error::Tls(_)
+            | ureq::Error::TlsRequired
+    )
+}
+
+/// Whether `error` happened before a connection was made: the host not found, the connection
+/// refused or unreachable, a proxy that would not connect.
+fn is_connect(error: &ureq::Error) -> bool {
+    use std::io::ErrorKind as K;
+    match error {
+        ureq::Error::HostNotFound
+        | ureq::Error::ConnectionFailed
+        | ureq::Error::ConnectProxyFailed(_) => true,
+        ureq::Error::Io(e) => matches!(
+            e.kind(),
+            K::ConnectionRefused
+                | K::AddrNotAvailable
+                | K::NetworkUnreachable
+                | K::HostUnreachable
+                | K::NetworkDown
+        ),
+        _ => false,
     }
-    parts.join(": ")
+}
+
+/// What went wrong, in words: ureq's errors carry no URL (the callers show a redacted one) and
+/// no chain of causes beyond an I/O error's own.
+fn error_chain(error: &ureq::Error) -> String {
+    match error {
+        ureq::Error::Timeout(_) => "timed out".to_string(),
+        ureq::Error::Io(e) if is_connect(error) => format!("error connecting: {e}"),
+        ureq::Error::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            format!("the server closed the connection: {e}")
+        }
+        ureq::Error::Io(e) => format!("error sending the request or reading the answer: {e}"),
+        e if is_connect(e) => format!("error connecting: {e}"),
+        e => e.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -534,7 +589,7 @@ mod tests {
 
     #[test]
     fn endpoints_append_the_api_path() {
-        let at = |provider, base: &str| endpoint(provider, &reqwest::Url::parse(base).unwrap());
+        let at = |provider, base: &str| endpoint(provider, &url::Url::parse(base).unwrap());
         assert_eq!(
             at(Provider::Anthropic, "https://api.anthropic.com"),
             "https://api.anthropic.com/v1/messages"

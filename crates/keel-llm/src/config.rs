@@ -89,7 +89,7 @@ impl std::fmt::Debug for Redacted {
 /// A URL fit for an error message or a log: without user info, query or fragment, where people
 /// sometimes put keys. Text that does not parse as a URL is not shown at all.
 pub(crate) fn redact_url(url: &str) -> String {
-    match reqwest::Url::parse(url) {
+    match url::Url::parse(url) {
         // `scheme:anything` parses too, with the whole rest as an opaque path: not shown.
         Ok(mut parsed) if !parsed.cannot_be_a_base() => {
             // Both setters only fail for URLs that cannot have credentials; nothing to strip then.

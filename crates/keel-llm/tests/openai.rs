@@ -349,3 +349,35 @@ fn a_key_echoed_by_a_server_is_scrubbed_from_errors() {
     assert!(!shown.contains(KEY), "{shown}");
     assert!(shown.contains("key [redacted] is not valid"), "{shown}");
 }
+
+#[test]
+fn a_redirect_is_not_followed_and_the_error_says_where_it_points() {
+    // A second server the redirect points at: it must never see the request (it would carry
+    // the key to another host).
+    let elsewhere = FakeServer::start(vec![Reply::json(200, TOOL_CALLS)]);
+    let server = FakeServer::start(vec![Reply::json(307, "").with_header(
+        "location",
+        &format!("{}/v2/chat/completions?token=abc", elsewhere.url),
+    )]);
+    let client = client(&server);
+    match client.send(b"{}", &mut |_| panic!("a redirect is not retried")) {
+        Err(LlmError::Rejected { status, message }) => {
+            assert_eq!(status, 307);
+            assert!(
+                message.contains("set base_url to the final address"),
+                "{message}"
+            );
+            assert!(
+                message.contains(&format!("{}/v2/chat/completions", elsewhere.url)),
+                "{message}"
+            );
+            assert!(
+                !message.contains("token=abc"),
+                "the query is not shown: {message}"
+            );
+        }
+        other => panic!("expected Rejected, got {other:?}"),
+    }
+    assert_eq!(server.requests().len(), 1);
+    assert!(elsewhere.requests().is_empty(), "the redirect was followed");
+}

@@ -217,3 +217,22 @@ fn connection_refused_is_retried_then_exhausted() {
     }
     assert_eq!(sleeps.len(), 2);
 }
+
+/// An https endpoint builds the TLS client (the system's certificates, the build's crypto
+/// provider) and fails its handshake with a server that does not speak TLS: a connection
+/// error, retried and reported, never a panic.
+#[test]
+fn an_https_endpoint_that_does_not_speak_tls_is_a_connection_error() {
+    let server = FakeServer::start(vec![Reply::json(200, OK), Reply::json(200, OK)]);
+    let url = server.url.replace("http://", "https://");
+    let mut cfg = config(Provider::OpenAi, &format!("{url}/v1"));
+    cfg.max_retries = 1;
+    let client = Client::new(cfg).unwrap();
+    match client.send(b"{}", &mut |_| {}) {
+        Err(LlmError::Exhausted { attempts: 2, last }) => {
+            assert!(last.starts_with("connection error"), "{last}");
+            assert!(last.contains("https://"), "{last}");
+        }
+        other => panic!("expected Exhausted, got {other:?}"),
+    }
+}
