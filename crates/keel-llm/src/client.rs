@@ -264,7 +264,7 @@ impl Client {
 
     /// A request that got no HTTP answer: retried, unless the request itself could not be built.
     fn transport_failure(&self, e: &ureq::Error) -> Result<Retryable, LlmError> {
-        let chain = self.scrub(&error_chain(e));
+        let chain = self.scrub(&describe(e));
         if is_unsendable(e) {
             return Err(LlmError::Transport(format!(
                 "could not build the request to {}: {chain}",
@@ -557,7 +557,7 @@ fn is_connect(error: &ureq::Error) -> bool {
 
 /// What went wrong, in words: ureq's errors carry no URL (the callers show a redacted one) and
 /// no chain of causes beyond an I/O error's own.
-fn error_chain(error: &ureq::Error) -> String {
+fn describe(error: &ureq::Error) -> String {
     match error {
         ureq::Error::Timeout(_) => "timed out".to_string(),
         ureq::Error::Io(e) if is_connect(error) => format!("error connecting: {e}"),

@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! Clients made by many threads at once share one HTTP client, built once: building one loads
-//! every root certificate of the system and starts a thread. (Alone in its process, so that no
-//! other test has built it first.)
+//! Clients made by many threads at once share one HTTP client, built once, so that every run of
+//! a process draws on one pool of kept connections. (Alone in its process, so that no other
+//! test has built it first.)
 
 mod common;
 
