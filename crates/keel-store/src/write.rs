@@ -15,6 +15,11 @@ use crate::{Lease, StoreError, StoredEvent, TxError, log};
 /// Events a projection may trail its log by, beyond one per two steps it holds.
 const PROJECTION_TAIL: u64 = 64;
 
+/// An agent phase's newest steps, whose rows may wait for the projection's next full write: at
+/// most half of what the projection keeps ([`keel_core::run::KEPT_AGENT_STEPS`]), so a step
+/// cannot be let go with its row unwritten unless a single commit adds that many steps.
+const FRESH_AGENT_STEPS: u32 = keel_core::run::KEPT_AGENT_STEPS as u32 / 2;
+
 /// The queryable rows of a run's projection as last written, and the log's end: step (phase,
 /// index) to (state, attempts), budget name to (used, limit).
 #[derive(Debug, Default, Clone)]
@@ -307,27 +312,62 @@ pub(crate) fn prepare(
         // the next commit that has events.
         _ => None,
     };
-    // The whole projection is rewritten when asked, with a checkpoint, when the state changes,
-    // and once the events after it are more than a bound that grows with the steps it holds (so
-    // a read folds a tail worth about as much as the projection, and a commit does not rewrite
-    // the projection every time); otherwise `Store::run` folds the events after its `seq`. The
-    // projection holds a bounded number of an agent phase's steps, so the bound is bounded too.
+    // The rows of the `steps` and `budgets` tables that differ from those stored.
+    let mut step_rows = Vec::new();
+    // A changed row of a step that the projection may let go before the next full write.
+    let mut changed_old_step = false;
+    for (p, phase) in c.run.phases.iter().enumerate() {
+        for (i, s) in phase.held_steps() {
+            let now = (s.state.as_str(), s.attempts);
+            if rows
+                .steps
+                .get(&(p, i as usize))
+                .map(|(st, a)| (st.as_str(), *a))
+                != Some(now)
+            {
+                step_rows.push((p, i as usize, s.command.clone(), now.0.to_string(), now.1));
+                changed_old_step |=
+                    phase.agent && phase.step_count().saturating_sub(i) > FRESH_AGENT_STEPS;
+            }
+        }
+    }
+    let mut budget_rows = Vec::new();
+    let mut limit_changed = false;
+    for name in keel_core::budget::BudgetName::ALL {
+        let now = (c.run.used(name), c.run.limits.get(name));
+        let stored = rows.budgets.get(name.as_str());
+        if stored != Some(&now) {
+            limit_changed |= stored.map(|(_, lim)| *lim) != Some(now.1);
+            budget_rows.push((name.as_str(), now.0, now.1));
+        }
+    }
+    // The projection, and with it the `steps` and `budgets` rows (the projection tables all
+    // describe the run as of `projections.seq`), is written whole when asked, with a
+    // checkpoint, when the state or a budget's limit changes, when a step whose row changed
+    // is no longer among the phase's newest (so that every step's row is written before the
+    // projection lets the step go: see `PhaseProgress::earlier`), and once the events after it
+    // are more than a bound that grows with the steps it holds (so a read folds a tail worth
+    // about as much as the projection, and a commit does not rewrite the projection every
+    // time); otherwise `Store::run` folds the events after its `seq`. The projection holds a
+    // bounded number of an agent phase's steps, so the bound is bounded too.
     let steps: usize = c.run.phases.iter().map(|p| p.steps.len()).sum();
     let full = rewrite
         || checkpoint.is_some()
         || rows.head.state != c.run.state.as_str()
+        || limit_changed
+        || changed_old_step
         || last_seq.saturating_sub(rows.head.projection_seq) >= PROJECTION_TAIL + steps as u64 / 2;
     let projection = full.then(|| serde_json::to_string(c.run).unwrap_or_default());
-    let mut step_rows = Vec::new();
-    for (p, phase) in c.run.phases.iter().enumerate() {
-        for (i, s) in phase.held_steps() {
-            let i = i as usize;
-            let now = (s.state.as_str(), s.attempts);
-            if rows.steps.get(&(p, i)).map(|(st, a)| (st.as_str(), *a)) != Some(now) {
-                step_rows.push((p, i, s.command.clone(), now.0.to_string(), now.1));
-                rows.steps.insert((p, i), (now.0.to_string(), now.1));
-            }
+    if full {
+        for (p, i, _, state, attempts) in &step_rows {
+            rows.steps.insert((*p, *i), (state.clone(), *attempts));
         }
+        for (name, used, lim) in &budget_rows {
+            rows.budgets.insert(name.to_string(), (*used, *lim));
+        }
+    } else {
+        step_rows.clear();
+        budget_rows.clear();
     }
     // The rows of steps the projection let go are final: they are not remembered.
     if c.run.phases.iter().any(|p| p.earlier > 0) {
@@ -337,14 +377,6 @@ pub(crate) fn prepare(
                 .get(*p)
                 .is_some_and(|phase| *i >= phase.earlier as usize)
         });
-    }
-    let mut budget_rows = Vec::new();
-    for name in keel_core::budget::BudgetName::ALL {
-        let now = (c.run.used(name), c.run.limits.get(name));
-        if rows.budgets.get(name.as_str()) != Some(&now) {
-            budget_rows.push((name.as_str(), now.0, now.1));
-            rows.budgets.insert(name.as_str().to_string(), now);
-        }
     }
     rows.token = c.lease.token;
     rows.head = Head {

@@ -314,9 +314,8 @@ fn walk(dir: &std::path::Path) -> Vec<String> {
     out
 }
 
-/// The stored projection as written, and the sequence number it reaches.
-fn raw_projection(dir: &std::path::Path, id: &str) -> (u64, u64) {
-    let conn = rusqlite::Connection::open(dir.join(".keel/keel.db")).unwrap();
+/// The stored projection as written, and the sequence number its row says it reaches.
+fn stored_projection(conn: &rusqlite::Connection, id: &str) -> (Run, u64) {
     let (json, seq): (String, u64) = conn
         .query_row(
             "SELECT body, seq FROM projections WHERE run_id = ?1",
@@ -324,7 +323,13 @@ fn raw_projection(dir: &std::path::Path, id: &str) -> (u64, u64) {
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .unwrap();
-    let run: Run = serde_json::from_str(&json).unwrap();
+    (serde_json::from_str(&json).unwrap(), seq)
+}
+
+/// The sequence number the stored projection holds, and the one its row says it reaches.
+fn raw_projection(dir: &std::path::Path, id: &str) -> (u64, u64) {
+    let conn = rusqlite::Connection::open(dir.join(".keel/keel.db")).unwrap();
+    let (run, seq) = stored_projection(&conn, id);
     (run.seq, seq)
 }
 
@@ -756,4 +761,177 @@ fn processes_opening_a_new_store_at_once_all_open_it() {
             "the schema is whole"
         );
     }
+}
+
+/// A run of one agent phase, created and executing.
+fn agent_run(id: &str) -> (Event, Run, Vec<Event>, Run) {
+    let (mut e, _) = created(id);
+    if let EventBody::RunCreated { phases, .. } = &mut e.body {
+        phases[0].commands.clear();
+        phases[0].agent = true;
+    }
+    let run = Run::create(&e).unwrap();
+    let (events, executing) = next(
+        &run,
+        vec![
+            EventBody::CheckpointTaken {
+                n: 0,
+                hash: "h".into(),
+                snapshot_ref: "r".into(),
+                commit: "c".into(),
+            },
+            EventBody::StateChanged {
+                from: keel_core::state::RunState::Planned,
+                to: keel_core::state::RunState::Executing,
+                reason: "go".into(),
+                block: None,
+            },
+        ],
+    );
+    (e, run, events, executing)
+}
+
+/// One whole agent step in as few events as a step can have: started and failed. (With
+/// the projection written every 64 events plus half the steps it holds, steps this short are
+/// more than it keeps between two writes.)
+fn agent_step(run: &Run) -> (Vec<Event>, Run) {
+    let keel_core::run::Next::Step(step) = run.next() else {
+        panic!("expected a step, got {:?}", run.next())
+    };
+    next(
+        run,
+        vec![
+            EventBody::StepStarted {
+                step,
+                attempt: 1,
+                command: format!("agent step {}", step.index),
+                agent: true,
+            },
+            EventBody::StepFailed {
+                step,
+                reason: "refused".into(),
+                error_fingerprint: format!("e{}", step.index),
+                excerpt: String::new(),
+                rolled_back: vec![],
+                kept: true,
+            },
+        ],
+    )
+}
+
+/// The stored projection and its `seq`, and the `budgets` and `steps` rows of run `id`.
+#[allow(clippy::type_complexity)]
+fn projection_and_tables(
+    dir: &std::path::Path,
+    id: &str,
+) -> (
+    Run,
+    u64,
+    Vec<(String, u64, Option<u64>)>,
+    std::collections::BTreeMap<u32, (String, u32)>,
+) {
+    let conn = rusqlite::Connection::open(dir.join(".keel/keel.db")).unwrap();
+    let (projection, seq) = stored_projection(&conn, id);
+    let budgets = conn
+        .prepare("SELECT name, used, lim FROM budgets WHERE run_id = ?1 ORDER BY name")
+        .unwrap()
+        .query_map([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let steps = conn
+        .prepare("SELECT idx, state, attempts FROM steps WHERE run_id = ?1 AND phase = 0")
+        .unwrap()
+        .query_map([id], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?))))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    (projection, seq, budgets, steps)
+}
+
+/// The `steps` and `budgets` tables describe the run as of its stored projection: they are
+/// written with it (not at every commit, which would write two more pages a step), and every
+/// agent step's row is written before the projection lets the step go, so that the table still
+/// holds every step the run has had, whichever process wrote it.
+#[test]
+fn the_steps_and_budgets_rows_are_written_with_the_projection_and_before_a_step_is_let_go() {
+    let (d, mut store) = open();
+    let (e, created, events, mut run) = agent_run("r1");
+    let lease = store.create_run(&e, &created, "me", 0, 1000).unwrap();
+    store.commit(&lease, &events, &run, None, 0).unwrap();
+    let mut lagged = 0;
+    for n in 0..120 {
+        if n == 50 {
+            // A new process knows nothing of what the last wrote: it reads the rows back.
+            drop(store);
+            store = Store::open(&d.path().join(".keel/keel.db")).unwrap();
+        }
+        let (events, after) = agent_step(&run);
+        store.commit(&lease, &events, &after, None, 0).unwrap();
+        run = after;
+        let (projection, seq, budgets, steps) = projection_and_tables(d.path(), "r1");
+        assert_eq!(projection.seq, seq);
+        if seq < run.seq {
+            lagged += 1;
+        }
+        // The budgets' rows are the stored projection's.
+        let expected: Vec<(String, u64, Option<u64>)> = {
+            let mut b: Vec<_> = keel_core::budget::BudgetName::ALL
+                .iter()
+                .map(|n| {
+                    (
+                        n.as_str().to_string(),
+                        projection.used(*n),
+                        projection.limits.get(*n),
+                    )
+                })
+                .collect();
+            b.sort();
+            b
+        };
+        assert_eq!(budgets, expected, "after step {}", run.seq);
+        // The steps the stored projection holds have its rows; every step it let go has a row,
+        // verified.
+        let phase = &projection.phases[0];
+        for (i, s) in phase.held_steps() {
+            assert_eq!(
+                steps.get(&i),
+                Some(&(s.state.as_str().to_string(), s.attempts)),
+                "step {i}"
+            );
+        }
+        for i in 0..phase.earlier {
+            assert_eq!(
+                steps.get(&i).map(|(s, _)| s.as_str()),
+                Some("failed"),
+                "step {i} was let go"
+            );
+        }
+        // The run, read back, is the run as committed whatever the tables reach.
+        assert_eq!(store.run("r1").unwrap(), run);
+    }
+    assert!(run.phases[0].earlier > 60, "the projection let steps go");
+    assert!(lagged > 60, "the rows were written at every commit");
+    // Every step the run let go has its row.
+    let (_, _, _, steps) = projection_and_tables(d.path(), "r1");
+    for i in 0..run.phases[0].earlier {
+        assert_eq!(steps.get(&i).map(|(s, _)| s.as_str()), Some("failed"));
+    }
+    // A change of state writes the projection and the rows as they are now.
+    let (events, done) = next(
+        &run,
+        vec![EventBody::StateChanged {
+            from: keel_core::state::RunState::Executing,
+            to: keel_core::state::RunState::Verifying,
+            reason: "finish".into(),
+            block: None,
+        }],
+    );
+    store.commit(&lease, &events, &done, None, 0).unwrap();
+    let (projection, seq, budgets, steps) = projection_and_tables(d.path(), "r1");
+    assert_eq!((projection.seq, seq), (done.seq, done.seq));
+    let used_steps = budgets.iter().find(|(n, _, _)| n == "steps").map(|b| b.1);
+    assert_eq!(used_steps, Some(120));
+    assert_eq!(steps.len(), 120);
+    assert!(steps.values().all(|(s, a)| s == "failed" && *a == 1));
 }
