@@ -20,8 +20,6 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
-use rusqlite::TransactionBehavior;
-
 use crate::StoreError;
 use crate::write::{Prepared, Rows, apply};
 
@@ -378,7 +376,7 @@ pub(crate) fn write_commits(
     path: &std::path::Path,
     commits: &[&Prepared],
 ) -> Result<Vec<Result<(), StoreError>>, rusqlite::Error> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let tx = crate::WriteTx::begin(conn)?;
     let savepoints = commits.len() > 1;
     // Cached statements: each commit of a batch makes the same ones.
     let run = |sql: &str| -> rusqlite::Result<()> {
@@ -407,7 +405,7 @@ pub(crate) fn write_commits(
         }
     }
     if outcomes.iter().all(Result::is_err) {
-        tx.rollback()?;
+        crate::Ending::rollback(tx)?;
         return Ok(outcomes);
     }
     // Through `finish`, so that `KEEL_STORE_FAULT` reaches a shared commit as it does any other.
