@@ -1133,6 +1133,87 @@ impl Store {
         ids.iter().map(|id| self.run(id)).collect()
     }
 
+    /// Where the `steps` and `budgets` rows of run `id` disagree with its stored projection,
+    /// with which they are written (see `write`): each budget's row holds the projection's used
+    /// and limit; each step the projection holds has its row, with its state and attempts; each
+    /// agent step it let go has a row, settled. (Rows of steps a cut tail removed stay and are
+    /// not looked at.) Empty when they agree.
+    pub fn projection_table_problems(&self, id: &str) -> Result<Vec<String>, StoreError> {
+        let body: String = self
+            .conn
+            .query_row(
+                "SELECT body FROM projections WHERE run_id = ?1",
+                [id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.sql(e))?
+            .ok_or_else(|| StoreError::NoSuchRun(id.to_string()))?;
+        let projection: Run = serde_json::from_str(&body).map_err(|e| StoreError::Decode {
+            run: id.to_string(),
+            seq: 0,
+            message: format!("the stored projection does not decode: {e}"),
+        })?;
+        let mut problems = Vec::new();
+        let mut budgets = std::collections::HashMap::new();
+        {
+            let mut q = self
+                .conn
+                .prepare("SELECT name, used, lim FROM budgets WHERE run_id = ?1")
+                .map_err(|e| self.sql(e))?;
+            let rows = q
+                .query_map([id], |r| {
+                    Ok((r.get::<_, String>(0)?, (r.get(1)?, r.get(2)?)))
+                })
+                .map_err(|e| self.sql(e))?;
+            for row in rows {
+                let (name, value): (String, (u64, Option<u64>)) = row.map_err(|e| self.sql(e))?;
+                budgets.insert(name, value);
+            }
+        }
+        for name in keel_core::budget::BudgetName::ALL {
+            let expected = (projection.used(name), projection.limits.get(name));
+            let found = budgets.get(name.as_str());
+            if found != Some(&expected) {
+                problems.push(format!(
+                    "budget {}: the row holds {found:?}, the projection (used, limit) {expected:?}",
+                    name.as_str()
+                ));
+            }
+        }
+        let mut q = self
+            .conn
+            .prepare(
+                "SELECT state, attempts FROM steps WHERE run_id = ?1 AND phase = ?2 AND idx = ?3",
+            )
+            .map_err(|e| self.sql(e))?;
+        for (p, phase) in projection.phases.iter().enumerate() {
+            let mut row = |i: u32| -> Result<Option<(String, u32)>, StoreError> {
+                q.query_row(params![id, p, i], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()
+                    .map_err(|e| self.sql(e))
+            };
+            for i in 0..phase.earlier {
+                match row(i)? {
+                    Some((state, _)) if state == "verified" || state == "failed" => {}
+                    other => problems.push(format!(
+                        "step {p}.{i}: let go by the projection, its row holds {other:?}, not a settled step"
+                    )),
+                }
+            }
+            for (i, step) in phase.held_steps() {
+                let expected = (step.state.as_str().to_string(), step.attempts);
+                let found = row(i)?;
+                if found.as_ref() != Some(&expected) {
+                    problems.push(format!(
+                        "step {p}.{i}: the row holds {found:?}, the projection {expected:?}"
+                    ));
+                }
+            }
+        }
+        Ok(problems)
+    }
+
     /// Where the runs table says the log ends: (last sequence number, its hash).
     pub fn log_head(&self, id: &str) -> Result<(u64, String), StoreError> {
         self.conn

@@ -763,14 +763,15 @@ fn processes_opening_a_new_store_at_once_all_open_it() {
     }
 }
 
-/// A run of one agent phase, created and executing.
-fn agent_run(id: &str) -> (Event, Run, Vec<Event>, Run) {
+/// A run of one agent phase, created and executing in `store`: its lease and projection.
+fn executing_agent_run(store: &mut Store, id: &str) -> (keel_store::Lease, Run) {
     let (mut e, _) = created(id);
     if let EventBody::RunCreated { phases, .. } = &mut e.body {
         phases[0].commands.clear();
         phases[0].agent = true;
     }
     let run = Run::create(&e).unwrap();
+    let lease = store.create_run(&e, &run, "me", 0, 1000).unwrap();
     let (events, executing) = next(
         &run,
         vec![
@@ -788,7 +789,8 @@ fn agent_run(id: &str) -> (Event, Run, Vec<Event>, Run) {
             },
         ],
     );
-    (e, run, events, executing)
+    store.commit(&lease, &events, &executing, None, 0).unwrap();
+    (lease, executing)
 }
 
 /// One whole agent step in as few events as a step can have: started and failed. (With
@@ -856,9 +858,7 @@ fn projection_and_tables(
 #[test]
 fn the_steps_and_budgets_rows_are_written_with_the_projection_and_before_a_step_is_let_go() {
     let (d, mut store) = open();
-    let (e, created, events, mut run) = agent_run("r1");
-    let lease = store.create_run(&e, &created, "me", 0, 1000).unwrap();
-    store.commit(&lease, &events, &run, None, 0).unwrap();
+    let (lease, mut run) = executing_agent_run(&mut store, "r1");
     let mut lagged = 0;
     for n in 0..120 {
         if n == 50 {
@@ -909,6 +909,10 @@ fn the_steps_and_budgets_rows_are_written_with_the_projection_and_before_a_step_
         }
         // The run, read back, is the run as committed whatever the tables reach.
         assert_eq!(store.run("r1").unwrap(), run);
+        assert_eq!(
+            store.projection_table_problems("r1").unwrap(),
+            Vec::<String>::new()
+        );
     }
     assert!(run.phases[0].earlier > 60, "the projection let steps go");
     assert!(lagged > 60, "the rows were written at every commit");
@@ -934,4 +938,30 @@ fn the_steps_and_budgets_rows_are_written_with_the_projection_and_before_a_step_
     assert_eq!(used_steps, Some(120));
     assert_eq!(steps.len(), 120);
     assert!(steps.values().all(|(s, a)| s == "failed" && *a == 1));
+}
+
+/// The check of the projection tables finds a row that does not hold what the projection says,
+/// and a let-go step whose row is missing.
+#[test]
+fn a_projection_table_row_that_differs_is_found() {
+    let (d, mut store) = open();
+    let (lease, mut run) = executing_agent_run(&mut store, "r1");
+    for _ in 0..60 {
+        let (events, after) = agent_step(&run);
+        store.commit(&lease, &events, &after, None, 0).unwrap();
+        run = after;
+    }
+    assert!(store.projection_table_problems("r1").unwrap().is_empty());
+    let conn = rusqlite::Connection::open(d.path().join(".keel/keel.db")).unwrap();
+    conn.execute(
+        "UPDATE budgets SET used = used + 1 WHERE run_id = 'r1' AND name = 'steps'",
+        [],
+    )
+    .unwrap();
+    conn.execute("DELETE FROM steps WHERE run_id = 'r1' AND idx = 3", [])
+        .unwrap();
+    let problems = store.projection_table_problems("r1").unwrap();
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(problems[0].starts_with("budget steps:"), "{problems:?}");
+    assert!(problems[1].starts_with("step 0.3: let go"), "{problems:?}");
 }

@@ -1,6 +1,7 @@
 //! The invariant checker as the tests use it: reads one run from a keel store after a scenario
 //! and checks its hash chain (keel-store), every invariant of its log (keel-core's
-//! [`keel_core::invariant`]), and that the stored projection agrees with the fold of the log.
+//! [`keel_core::invariant`]), that the stored projection agrees with the fold of the log, and
+//! that the `steps` and `budgets` tables agree with the stored projection.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -49,6 +50,15 @@ pub fn check(db: &Path, run: &str) -> Result<Audit, String> {
     if !differs.is_empty() {
         return Err(format!(
             "run {run}: the stored projection differs from the fold of the log in {differs:?}"
+        ));
+    }
+    let tables = store
+        .projection_table_problems(run)
+        .map_err(|e| format!("run {run}: {e}"))?;
+    if !tables.is_empty() {
+        return Err(format!(
+            "run {run}: the steps and budgets tables differ from the stored projection:\n  {}",
+            tables.join("\n  ")
         ));
     }
     Ok(audit)
