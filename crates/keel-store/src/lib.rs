@@ -1139,41 +1139,26 @@ impl Store {
     /// agent step it let go has a row, settled. (Rows of steps a cut tail removed stay and are
     /// not looked at.) Empty when they agree.
     pub fn projection_table_problems(&self, id: &str) -> Result<Vec<String>, StoreError> {
-        let body: String = self
+        let json: String = self
             .conn
             .query_row(
                 "SELECT body FROM projections WHERE run_id = ?1",
                 [id],
-                |r| r.get(0),
+                |r| text(r, 0),
             )
             .optional()
             .map_err(|e| self.sql(e))?
             .ok_or_else(|| StoreError::NoSuchRun(id.to_string()))?;
-        let projection: Run = serde_json::from_str(&body).map_err(|e| StoreError::Decode {
+        let projection: Run = serde_json::from_str(&json).map_err(|e| StoreError::Projection {
             run: id.to_string(),
-            seq: 0,
-            message: format!("the stored projection does not decode: {e}"),
+            message: e.to_string(),
         })?;
+        // The rows as a commit reads them back: the budgets', and the held steps'.
+        let stored = write::stored(&self.conn, id, &projection).map_err(|e| self.sql(e))?;
         let mut problems = Vec::new();
-        let mut budgets = std::collections::HashMap::new();
-        {
-            let mut q = self
-                .conn
-                .prepare("SELECT name, used, lim FROM budgets WHERE run_id = ?1")
-                .map_err(|e| self.sql(e))?;
-            let rows = q
-                .query_map([id], |r| {
-                    Ok((r.get::<_, String>(0)?, (r.get(1)?, r.get(2)?)))
-                })
-                .map_err(|e| self.sql(e))?;
-            for row in rows {
-                let (name, value): (String, (u64, Option<u64>)) = row.map_err(|e| self.sql(e))?;
-                budgets.insert(name, value);
-            }
-        }
         for name in keel_core::budget::BudgetName::ALL {
             let expected = (projection.used(name), projection.limits.get(name));
-            let found = budgets.get(name.as_str());
+            let found = stored.budgets.get(name.as_str());
             if found != Some(&expected) {
                 problems.push(format!(
                     "budget {}: the row holds {found:?}, the projection (used, limit) {expected:?}",
@@ -1181,30 +1166,27 @@ impl Store {
                 ));
             }
         }
-        let mut q = self
+        let mut settled = self
             .conn
             .prepare(
-                "SELECT state, attempts FROM steps WHERE run_id = ?1 AND phase = ?2 AND idx = ?3",
+                "SELECT idx FROM steps WHERE run_id = ?1 AND phase = ?2 AND idx < ?3 \
+                 AND state IN ('verified', 'failed')",
             )
             .map_err(|e| self.sql(e))?;
         for (p, phase) in projection.phases.iter().enumerate() {
-            let mut row = |i: u32| -> Result<Option<(String, u32)>, StoreError> {
-                q.query_row(params![id, p, i], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .optional()
-                    .map_err(|e| self.sql(e))
-            };
-            for i in 0..phase.earlier {
-                match row(i)? {
-                    Some((state, _)) if state == "verified" || state == "failed" => {}
-                    other => problems.push(format!(
-                        "step {p}.{i}: let go by the projection, its row holds {other:?}, not a settled step"
-                    )),
-                }
+            let rows: std::collections::HashSet<u32> = settled
+                .query_map(params![id, p, phase.earlier], |r| r.get(0))
+                .and_then(|rows| rows.collect())
+                .map_err(|e| self.sql(e))?;
+            for i in (0..phase.earlier).filter(|i| !rows.contains(i)) {
+                problems.push(format!(
+                    "step {p}.{i}: let go by the projection, but no row holds it settled"
+                ));
             }
             for (i, step) in phase.held_steps() {
                 let expected = (step.state.as_str().to_string(), step.attempts);
-                let found = row(i)?;
-                if found.as_ref() != Some(&expected) {
+                let found = stored.steps.get(&(p, i as usize));
+                if found != Some(&expected) {
                     problems.push(format!(
                         "step {p}.{i}: the row holds {found:?}, the projection {expected:?}"
                     ));

@@ -312,8 +312,8 @@ pub(crate) fn prepare(
         // the next commit that has events.
         _ => None,
     };
-    // The rows of the `steps` and `budgets` tables that differ from those stored.
-    let mut step_rows = Vec::new();
+    // The steps and budgets whose rows differ from those stored.
+    let mut changed_steps = Vec::new();
     // A changed row of a step that the projection may let go before the next full write.
     let mut changed_old_step = false;
     for (p, phase) in c.run.phases.iter().enumerate() {
@@ -325,7 +325,7 @@ pub(crate) fn prepare(
                 .map(|(st, a)| (st.as_str(), *a))
                 != Some(now)
             {
-                step_rows.push((p, i as usize, s.command.clone(), now.0.to_string(), now.1));
+                changed_steps.push((p, i as usize, s));
                 changed_old_step |=
                     phase.agent && phase.step_count().saturating_sub(i) > FRESH_AGENT_STEPS;
             }
@@ -358,15 +358,17 @@ pub(crate) fn prepare(
         || changed_old_step
         || last_seq.saturating_sub(rows.head.projection_seq) >= PROJECTION_TAIL + steps as u64 / 2;
     let projection = full.then(|| serde_json::to_string(c.run).unwrap_or_default());
+    let mut step_rows = Vec::new();
     if full {
-        for (p, i, _, state, attempts) in &step_rows {
-            rows.steps.insert((*p, *i), (state.clone(), *attempts));
+        for (p, i, s) in changed_steps {
+            let state = s.state.as_str().to_string();
+            rows.steps.insert((p, i), (state.clone(), s.attempts));
+            step_rows.push((p, i, s.command.clone(), state, s.attempts));
         }
         for (name, used, lim) in &budget_rows {
             rows.budgets.insert(name.to_string(), (*used, *lim));
         }
     } else {
-        step_rows.clear();
         budget_rows.clear();
     }
     // The rows of steps the projection let go are final: they are not remembered.

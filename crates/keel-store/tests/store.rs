@@ -891,7 +891,7 @@ fn the_steps_and_budgets_rows_are_written_with_the_projection_and_before_a_step_
         };
         assert_eq!(budgets, expected, "after step {}", run.seq);
         // The steps the stored projection holds have its rows; every step it let go has a row,
-        // verified.
+        // settled (these steps fail).
         let phase = &projection.phases[0];
         for (i, s) in phase.held_steps() {
             assert_eq!(
