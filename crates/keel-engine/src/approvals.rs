@@ -706,20 +706,13 @@ pub fn freeze(
     reason: &str,
     actor: &Actor,
 ) -> Result<Run, EngineError> {
-    let id = store.resolve_run(run_id)?;
-    if reason.trim().is_empty() {
-        return Err(EngineError::Usage(
-            "give a --reason: a freeze is recorded with who and why".into(),
-        ));
-    }
-    let run = store.run(&id)?;
-    if run.state.is_terminal() {
-        return Err(EngineError::Refused {
-            run: id,
-            state: run.state,
-            what: "a finished run needs no hold".into(),
-        });
-    }
+    let (id, run) = crate::unfinished_run(
+        store,
+        run_id,
+        reason,
+        "a finished run needs no hold",
+        "a freeze",
+    )?;
     if run.frozen == freeze {
         return Ok(run);
     }

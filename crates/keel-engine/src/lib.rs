@@ -963,6 +963,33 @@ fn apply_stored(run: &mut Run, stored: &StoredEvent) -> Result<(), EngineError> 
         })
 }
 
+/// The run a person acts on by hand (`keel unblock`, `cancel`, `freeze`), with its id: it must
+/// not have finished (`finished` says why not, in the refusal), and the act (`act`, "cancelling")
+/// must give a reason, as it is recorded with who and why.
+pub(crate) fn unfinished_run(
+    store: &mut Store,
+    run_id: &str,
+    reason: &str,
+    finished: &str,
+    act: &str,
+) -> Result<(String, Run), EngineError> {
+    let id = store.resolve_run(run_id)?;
+    let run = store.run(&id)?;
+    if run.state.is_terminal() {
+        return Err(EngineError::Refused {
+            run: id,
+            state: run.state,
+            what: finished.into(),
+        });
+    }
+    if reason.trim().is_empty() {
+        return Err(EngineError::Usage(format!(
+            "give a --reason: {act} is recorded with who and why"
+        )));
+    }
+    Ok((id, run))
+}
+
 /// Raises budgets of a blocked run (each recorded with who and why), then resumes it.
 pub fn unblock(
     store: &mut Store,
@@ -972,20 +999,13 @@ pub fn unblock(
     actor: &Actor,
     observer: &mut dyn Observer,
 ) -> Result<Run, EngineError> {
-    let id = store.resolve_run(run_id)?;
-    let run = store.run(&id)?;
-    if run.state.is_terminal() {
-        return Err(EngineError::Refused {
-            run: id,
-            state: run.state,
-            what: "a finished run cannot be unblocked".into(),
-        });
-    }
-    if reason.trim().is_empty() {
-        return Err(EngineError::Usage(
-            "give a --reason: raising a budget is recorded with who and why".into(),
-        ));
-    }
+    let (id, run) = unfinished_run(
+        store,
+        run_id,
+        reason,
+        "a finished run cannot be unblocked",
+        "raising a budget",
+    )?;
     // What resume will need must be at hand before anything is raised: a raise that cannot be
     // followed by a resume would be repeated by the next attempt.
     let source = stored_contract(store, &id, &run.contract_hash)?;
@@ -1079,20 +1099,13 @@ pub fn cancel(
     reason: &str,
     actor: &Actor,
 ) -> Result<Run, EngineError> {
-    let id = store.resolve_run(run_id)?;
-    let run = store.run(&id)?;
-    if run.state.is_terminal() {
-        return Err(EngineError::Refused {
-            run: id,
-            state: run.state,
-            what: "it has already finished".into(),
-        });
-    }
-    if reason.trim().is_empty() {
-        return Err(EngineError::Usage(
-            "give a --reason: cancelling is recorded with who and why".into(),
-        ));
-    }
+    let (id, _) = unfinished_run(
+        store,
+        run_id,
+        reason,
+        "it has already finished",
+        "cancelling",
+    )?;
     let lease = store.acquire(&id, &actor.holder, now_ms(), LEASE_TTL_MS, true, &|_| true)?;
     let mut next = store.run(&id)?;
     let at = now_ms();
