@@ -11,13 +11,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::Output;
-use std::sync::{Arc, Mutex};
 
 use common::{Fixture, of_kind, state};
+use keel_test_support::model_server::{FakeServer, Reply, Request};
 use serde_json::{Value, json};
 
 /// The environment variable the contracts name as `secret:…`, and the key the tests put in it.
@@ -25,172 +23,20 @@ const KEY_VAR: &str = "KEEL_TEST_MODEL_KEY";
 const KEY: &str = "sk-test-7f3a9c1e5b2d4086-DO-NOT-STORE";
 
 // ---------------------------------------------------------------------------------------------
-// The fake server
+// The fake server (keel-test-support's) and its requests
 // ---------------------------------------------------------------------------------------------
 
-/// A request as the fake server received it; header names lower-cased.
-#[derive(Debug, Clone)]
-struct Request {
-    method: String,
-    path: String,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Request {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!(
-                "the request body is not JSON ({e}): {}",
-                String::from_utf8_lossy(&self.body)
-            )
-        })
-    }
-
-    /// The user part of the prompt (OpenAI: the `user` message; Anthropic: `messages[0]`).
-    fn user(&self) -> String {
-        let v = self.json();
-        let messages = v["messages"].as_array().expect("messages");
-        messages
-            .iter()
-            .find(|m| m["role"] == "user")
-            .and_then(|m| m["content"].as_str())
-            .expect("a user message with text content")
-            .to_string()
-    }
-}
-
-/// One canned answer.
-struct Reply {
-    /// 0: read the request and never answer (the connection stays open).
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
-}
-
-impl Reply {
-    fn new(status: u16, body: Value) -> Reply {
-        Reply {
-            status,
-            headers: Vec::new(),
-            body: body.to_string(),
-        }
-    }
-
-    fn raw(status: u16, body: &str) -> Reply {
-        Reply {
-            status,
-            headers: Vec::new(),
-            body: body.to_string(),
-        }
-    }
-
-    fn hang() -> Reply {
-        Reply::raw(0, "")
-    }
-
-    fn header(mut self, name: &str, value: &str) -> Reply {
-        self.headers.push((name.to_string(), value.to_string()));
-        self
-    }
-}
-
-/// Serves the canned replies in order, one per connection, on 127.0.0.1 (a port of its own),
-/// and records every request. When the replies run out it answers 418 with a message saying so,
-/// so that a test fails loudly instead of hanging.
-struct FakeServer {
-    /// `http://127.0.0.1:PORT`, without a trailing slash.
-    url: String,
-    requests: Arc<Mutex<Vec<Request>>>,
-}
-
-impl FakeServer {
-    fn start(replies: Vec<Reply>) -> FakeServer {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let requests = Arc::new(Mutex::new(Vec::new()));
-        let recorded = Arc::clone(&requests);
-        std::thread::spawn(move || {
-            let mut replies = replies.into_iter();
-            let mut hung = Vec::new();
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { continue };
-                let Some(request) = read_request(&mut stream) else {
-                    continue;
-                };
-                recorded.lock().unwrap().push(request);
-                match replies.next() {
-                    Some(r) if r.status == 0 => hung.push(stream),
-                    Some(r) => respond(&mut stream, r.status, &r.headers, r.body.as_bytes()),
-                    None => respond(
-                        &mut stream,
-                        418,
-                        &[],
-                        br#"{"error":{"message":"fake server: no canned reply left"}}"#,
-                    ),
-                }
-            }
-        });
-        FakeServer { url, requests }
-    }
-
-    fn requests(&self) -> Vec<Request> {
-        self.requests.lock().unwrap().clone()
-    }
-}
-
-fn read_request(stream: &mut TcpStream) -> Option<Request> {
-    let mut reader = BufReader::new(stream.try_clone().ok()?);
-    let mut line = String::new();
-    reader.read_line(&mut line).ok()?;
-    let mut parts = line.split_whitespace();
-    let method = parts.next()?.to_string();
-    let path = parts.next()?.to_string();
-    let mut headers = Vec::new();
-    loop {
-        let mut line = String::new();
-        reader.read_line(&mut line).ok()?;
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        let (name, value) = line.split_once(':')?;
-        headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
-    }
-    let length: usize = headers
+/// The user part of the prompt a request carries (OpenAI: the `user` message; Anthropic:
+/// `messages[0]`).
+fn user(request: &Request) -> String {
+    let v = request.json();
+    let messages = v["messages"].as_array().expect("messages");
+    messages
         .iter()
-        .find(|(n, _)| n == "content-length")
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or(0);
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).ok()?;
-    Some(Request {
-        method,
-        path,
-        headers,
-        body,
-    })
-}
-
-fn respond(stream: &mut TcpStream, status: u16, headers: &[(String, String)], body: &[u8]) {
-    let mut head = format!(
-        "HTTP/1.1 {status} Fake\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str("\r\n");
-    let _ = stream.write_all(head.as_bytes());
-    let _ = stream.write_all(body);
-    let _ = stream.flush();
+        .find(|m| m["role"] == "user")
+        .and_then(|m| m["content"].as_str())
+        .expect("a user message with text content")
+        .to_string()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -211,7 +57,7 @@ fn openai_calls(calls: &[(&str, &str)], usage: (u64, u64)) -> Reply {
             })
         })
         .collect();
-    Reply::new(
+    Reply::value(
         200,
         json!({
             "id": "chatcmpl-fake",
@@ -246,7 +92,7 @@ fn anthropic_calls(calls: &[(&str, Value)], usage: (u64, u64)) -> Reply {
             "input": input,
         }));
     }
-    Reply::new(
+    Reply::value(
         200,
         json!({
             "id": "msg_fake",
@@ -492,7 +338,7 @@ fn openai_driver_runs_a_task_to_completion_and_accounts_usage_and_cost() {
             keel_core::context::HARNESS_RULES
         );
         assert_eq!(messages[1]["role"], "user");
-        let user = r.user();
+        let user = user(r);
         assert!(user.contains(GOAL), "goal in the prompt: {user}");
         assert!(user.contains(OBJECTIVE), "objective in the prompt: {user}");
         assert!(
@@ -506,7 +352,7 @@ fn openai_driver_runs_a_task_to_completion_and_accounts_usage_and_cost() {
         assert_eq!(event["body"]["context_tokens"], 6000);
     }
     // The second prompt shows what the first step did.
-    let second = requests[1].user();
+    let second = user(&requests[1]);
     assert!(
         second.contains("[step 1.1] write(") && second.contains("out/hello.txt"),
         "the write's observation is in the next prompt: {second}"
@@ -571,11 +417,11 @@ fn openai_driver_runs_a_task_to_completion_and_accounts_usage_and_cost() {
 #[test]
 fn openai_rate_limit_is_retried_and_the_retry_is_recorded() {
     let server = FakeServer::start(vec![
-        Reply::new(
+        Reply::value(
             429,
             json!({"error": {"message": "Rate limit reached for acme-coder-1", "type": "requests", "code": "rate_limit_exceeded"}}),
         )
-        .header("Retry-After", "0"),
+        .with_header("Retry-After", "0"),
         // Parallel tool calls: a write and the finish in one reply.
         openai_calls(
             &[
@@ -617,11 +463,11 @@ fn openai_rate_limit_is_retried_and_the_retry_is_recorded() {
 #[test]
 fn openai_server_errors_until_retries_run_out_block_the_run() {
     let overloaded = || {
-        Reply::new(
+        Reply::value(
             503,
             json!({"error": {"message": "the engine is warming up"}}),
         )
-        .header("Retry-After", "0")
+        .with_header("Retry-After", "0")
     };
     let server = FakeServer::start(vec![overloaded(), overloaded(), overloaded()]);
     let f = Fixture::new(&openai_contract(&server));
@@ -648,7 +494,7 @@ fn openai_bad_key_blocks_the_run_with_the_providers_message_and_resume_goes_on()
     // The server echoes the key it was given, as some do: keel must not store it.
     let wrong = "sk-wrong-key-1234";
     let server = FakeServer::start(vec![
-        Reply::new(
+        Reply::value(
             401,
             json!({"error": {
                 "message": format!("Incorrect API key provided: {KEY}. You can find your API key at https://example.invalid/keys."),
@@ -720,7 +566,7 @@ fn openai_malformed_tool_calls_are_denied_shown_to_the_model_and_the_run_goes_on
         // Valid JSON that does not fit the schema: a number for a path, no content.
         openai_calls(&[("write", r#"{"path": 42}"#)], (100, 10)),
         // A 200 whose body is not a Chat Completions answer at all.
-        Reply::raw(200, "<html>gateway hiccup</html>"),
+        Reply::json(200, "<html>gateway hiccup</html>"),
         openai_calls(
             &[
                 ("write", &write_args("out/hello.txt", "hello\n")),
@@ -772,7 +618,7 @@ fn openai_malformed_tool_calls_are_denied_shown_to_the_model_and_the_run_goes_on
         (4, "keel could not read this reply"),
     ];
     for (i, text) in shown {
-        let user = requests[i].user();
+        let user = user(&requests[i]);
         assert!(user.contains(text), "request {i} shows {text:?}:\n{user}");
     }
 
@@ -799,11 +645,11 @@ fn openai_malformed_tool_calls_are_denied_shown_to_the_model_and_the_run_goes_on
 fn anthropic_driver_runs_a_task_with_tool_use_blocks_and_accounts_usage() {
     let server = FakeServer::start(vec![
         // Overloaded first: retried.
-        Reply::new(
+        Reply::value(
             529,
             json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
         )
-        .header("retry-after", "0"),
+        .with_header("retry-after", "0"),
         anthropic_calls(
             &[("write", json!({"path": "out/hello.txt", "content": "hello\n"}))],
             (900, 30),
@@ -835,7 +681,7 @@ fn anthropic_driver_runs_a_task_with_tool_use_blocks_and_accounts_usage() {
         );
         let messages = body["messages"].as_array().unwrap();
         assert_eq!(messages.len(), 1, "a fresh prompt, not a transcript");
-        assert!(r.user().contains(OBJECTIVE));
+        assert!(user(r).contains(OBJECTIVE));
         let tools: Vec<&str> = body["tools"]
             .as_array()
             .unwrap()
@@ -850,7 +696,7 @@ fn anthropic_driver_runs_a_task_with_tool_use_blocks_and_accounts_usage() {
         assert_eq!(tools, TOOLS);
     }
     assert_eq!(requests[0].body, requests[1].body, "the retry resends");
-    assert!(requests[2].user().contains("[step 1.1] write("));
+    assert!(user(&requests[2]).contains("[step 1.1] write("));
 
     let events = f.events(&id);
     let replied = of_kind(&events, "model_replied");
@@ -874,7 +720,7 @@ fn anthropic_driver_runs_a_task_with_tool_use_blocks_and_accounts_usage() {
 
 #[test]
 fn anthropic_bad_key_blocks_the_run_with_the_providers_message() {
-    let server = FakeServer::start(vec![Reply::new(
+    let server = FakeServer::start(vec![Reply::value(
         401,
         json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}),
     )]);
@@ -927,7 +773,7 @@ fn driver_and_model_overrides_are_recorded_and_used_also_on_resume() {
     // `--driver openai --model X`: the same phase against the server, with model X; the first
     // answer is a 401, so the run blocks, and a resume keeps the override.
     let server = FakeServer::start(vec![
-        Reply::new(401, json!({"error": {"message": "no such key"}})),
+        Reply::value(401, json!({"error": {"message": "no such key"}})),
         openai_calls(
             &[("write", &write_args("out/hello.txt", "hello\n"))],
             (50, 5),
@@ -1068,7 +914,7 @@ fn a_reply_that_exhausts_the_tokens_budget_blocks_after_a_whole_step_and_unblock
 
 #[test]
 fn a_server_that_never_answers_times_out_and_blocks_the_run() {
-    let server = FakeServer::start(vec![Reply::hang(), Reply::hang()]);
+    let server = FakeServer::start(vec![Reply::Hang, Reply::Hang]);
     let c = openai_contract(&server)
         .replace("timeout = \"30s\"", "timeout = \"1s\"")
         .replace("max_retries = 2", "max_retries = 1");

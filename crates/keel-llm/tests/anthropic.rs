@@ -3,8 +3,9 @@
 
 mod common;
 
-use common::{FakeServer, KEY, Reply, config, prompt, tools};
+use common::{KEY, config, prompt, tools};
 use keel_llm::{Client, LlmError, Provider, ToolCall, Usage};
+use keel_test_support::model_server::{FakeServer, Reply};
 use serde_json::json;
 
 fn client(server: &FakeServer) -> Client {

@@ -4,8 +4,9 @@
 
 mod common;
 
-use common::{FakeServer, KEY, Reply, config, no_sleep, prompt, tools};
+use common::{KEY, config, no_sleep, prompt, tools};
 use keel_llm::{Client, LlmError, Provider, ToolCall, Usage};
+use keel_test_support::model_server::{FakeServer, Reply};
 use serde_json::json;
 
 fn client(server: &FakeServer) -> Client {

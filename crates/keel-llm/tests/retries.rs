@@ -5,8 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{FakeServer, Reply, config, no_sleep};
+use common::{config, no_sleep};
 use keel_llm::{Client, LlmError, Provider};
+use keel_test_support::model_server::{FakeServer, Reply};
 
 const OK: &str = r#"{"choices":[{"message":{"role":"assistant","content":"done"},"finish_reason":"stop"}],
   "usage":{"prompt_tokens":3,"completion_tokens":1}}"#;

@@ -4,6 +4,7 @@
 pub mod fuzz;
 pub mod invariants;
 pub mod mcp;
+pub mod model_server;
 pub mod priority;
 pub mod rng;
 pub mod service;
