@@ -95,7 +95,10 @@ pub fn run(
         },
     )?;
     let contract_path = ws.join("keel.toml");
-    std::fs::write(&contract_path, contract(context_tokens))?;
+    std::fs::write(
+        &contract_path,
+        keel_test_support::survey::contract(context_tokens),
+    )?;
     // Committed, so the workspace tree the run sees is the one HEAD has.
     util::git(&ws, &["add", "-A"])?;
     util::git(&ws, &["commit", "-q", "-m", "contract and script"])?;
@@ -269,31 +272,4 @@ fn windows(n: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
 
 fn mean(values: &[u64]) -> f64 {
     values.iter().sum::<u64>() as f64 / values.len().max(1) as f64
-}
-
-fn contract(context_tokens: u64) -> String {
-    format!(
-        r#"[task]
-goal = "Survey the five files and keep notes on them."
-
-[driver]
-kind = "script"
-script = "actions.jsonl"
-context_tokens = {context_tokens}
-
-[scope]
-writable = ["notes/**"]
-
-[[verify]]
-name = "files"
-tier = "acceptance"
-run = "test -f file0.txt && test -f file4.txt"
-
-[[phase]]
-name = "survey"
-kind = "agent"
-objective = "Read the files, keep notes and a plan, then finish."
-tools = ["read", "note", "plan", "finish"]
-"#
-    )
 }

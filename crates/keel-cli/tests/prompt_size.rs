@@ -10,41 +10,11 @@
 mod common;
 
 use common::{Fixture, git, state};
+use keel_test_support::survey::{self, GOAL, OBJECTIVE};
 use serde_json::Value;
 
 const STEPS: usize = 500;
 const CONTEXT_TOKENS: u64 = 4000;
-const GOAL: &str = "Survey the five files and keep notes on them.";
-const OBJECTIVE: &str = "Read the files, keep notes and a plan, then finish.";
-
-/// xorshift64*: a small deterministic generator, so the script is the same on every run.
-fn contract() -> String {
-    format!(
-        r#"
-[task]
-goal = "{GOAL}"
-
-[driver]
-kind = "script"
-script = "actions.jsonl"
-context_tokens = {CONTEXT_TOKENS}
-
-[scope]
-writable = ["notes/**"]
-
-[[verify]]
-name = "files"
-tier = "acceptance"
-run = "test -f file0.txt && test -f file4.txt"
-
-[[phase]]
-name = "survey"
-kind = "agent"
-objective = "{OBJECTIVE}"
-tools = ["read", "note", "plan", "finish"]
-"#
-    )
-}
 
 fn mean(values: &[u64]) -> f64 {
     values.iter().sum::<u64>() as f64 / values.len() as f64
@@ -52,15 +22,11 @@ fn mean(values: &[u64]) -> f64 {
 
 #[test]
 fn prompt_size_stays_within_context_tokens_and_flat_over_500_steps() {
-    let f = Fixture::new(&contract());
-    keel_test_support::survey::write_files(f.root()).unwrap();
+    let f = Fixture::new(&survey::contract(CONTEXT_TOKENS));
+    survey::write_files(f.root()).unwrap();
     git(f.root(), &["add", "-A"]);
     git(f.root(), &["commit", "-q", "-m", "files"]);
-    std::fs::write(
-        f.path("actions.jsonl"),
-        keel_test_support::survey::script(STEPS),
-    )
-    .unwrap();
+    std::fs::write(f.path("actions.jsonl"), survey::script(STEPS)).unwrap();
 
     let started = std::time::Instant::now();
     let (id, out) = f.start(&[]);

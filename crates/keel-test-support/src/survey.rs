@@ -51,6 +51,40 @@ fn words(rng: &mut Rng, n: u64) -> String {
         .join(" ")
 }
 
+/// The run's goal, which every prompt must carry.
+pub const GOAL: &str = "Survey the five files and keep notes on them.";
+/// The phase's objective, which every prompt must carry.
+pub const OBJECTIVE: &str = "Read the files, keep notes and a plan, then finish.";
+
+/// The contract of the survey: one agent phase driven by the script in `actions.jsonl`, prompts
+/// assembled within `context_tokens`, and an acceptance verifier that the five files are there.
+pub fn contract(context_tokens: u64) -> String {
+    format!(
+        r#"[task]
+goal = "{GOAL}"
+
+[driver]
+kind = "script"
+script = "actions.jsonl"
+context_tokens = {context_tokens}
+
+[scope]
+writable = ["notes/**"]
+
+[[verify]]
+name = "files"
+tier = "acceptance"
+run = "test -f file0.txt && test -f file4.txt"
+
+[[phase]]
+name = "survey"
+kind = "agent"
+objective = "{OBJECTIVE}"
+tools = ["read", "note", "plan", "finish"]
+"#
+    )
+}
+
 /// Writes the five 200-line files `file0.txt` … `file4.txt` the script reads.
 pub fn write_files(dir: &Path) -> std::io::Result<()> {
     for k in 0..5 {
