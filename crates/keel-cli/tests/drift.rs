@@ -8,10 +8,11 @@
 
 mod common;
 
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
-use common::{Fixture, fault_points, git, kinds, state, stdout};
+use common::{
+    Fixture, after_step_verified, fault_points, git, killed_at, kinds, nth_point, state, stdout,
+};
 use serde_json::Value;
 
 /// Two phases of steps that each append a letter to marker.txt; `fingerprint` is the contract's
@@ -91,43 +92,6 @@ impl Scenario {
         assert_eq!(in_progress_steps(&self.f.status(&id)), 0);
         id
     }
-}
-
-/// The 0-based index in `points` of the `k`th (1-based) `name`.
-fn nth_point(points: &[String], name: &str, k: usize) -> usize {
-    points
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| *p == name)
-        .nth(k - 1)
-        .map(|(i, _)| i)
-        .unwrap_or_else(|| panic!("fewer than {k} `{name}` points in {points:?}"))
-}
-
-/// The fault point (1-based) just after the `step_verified` commit of the `k`th step command.
-fn after_step_verified(points: &[String], k: usize) -> u64 {
-    let ended = nth_point(points, "command ended", k);
-    let commit = points
-        .iter()
-        .enumerate()
-        .skip(ended)
-        .filter(|(_, p)| *p == "after commit")
-        .nth(1)
-        .map(|(i, _)| i)
-        .unwrap_or_else(|| panic!("no step_verified commit after step {k} in {points:?}"));
-    commit as u64 + 1
-}
-
-/// Starts the run and has it SIGKILL itself at fault point `n`. Returns the run id.
-fn killed_at(f: &Fixture, n: u64) -> String {
-    let (id, out) = f.start(&[("KEEL_CRASH_AT", n.to_string())]);
-    assert_eq!(
-        out.status.signal(),
-        Some(9),
-        "keel should have killed itself at fault point {n}\n{}",
-        f.explain(&out)
-    );
-    id
 }
 
 fn in_progress_steps(status: &Value) -> usize {

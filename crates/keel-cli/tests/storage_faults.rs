@@ -19,41 +19,14 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use common::{
-    ALL_LETTERS, Fixture, LETTERS_CONTRACT as CONTRACT, Rng, assert_no_panic, fault_points, kinds,
-    of_kind, state, stderr, stdout,
+    ALL_LETTERS, Fixture, LETTERS_CONTRACT as CONTRACT, Rng, after_step_verified, assert_no_panic,
+    fault_points, killed_at, kinds, of_kind, state, stderr, stdout,
 };
 use serde_json::Value;
-
-/// The fault point (1-based) just after the `step_verified` commit of the `k`th step.
-fn after_step_verified(points: &[String], k: usize) -> u64 {
-    let ended = points
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| *p == "command ended")
-        .nth(k - 1)
-        .map(|(i, _)| i)
-        .unwrap_or_else(|| panic!("fewer than {k} steps in {points:?}"));
-    let commit = points
-        .iter()
-        .enumerate()
-        .skip(ended)
-        .filter(|(_, p)| *p == "after commit")
-        .nth(1)
-        .map(|(i, _)| i)
-        .unwrap();
-    commit as u64 + 1
-}
-
-fn killed_at(f: &Fixture, n: u64) -> String {
-    let (id, out) = f.start(&[("KEEL_CRASH_AT", n.to_string())]);
-    assert_eq!(out.status.signal(), Some(9), "{}", f.explain(&out));
-    id
-}
 
 /// The run completed, every letter is in the workspace once, each step was verified exactly
 /// once, and the log verifies with every invariant holding.

@@ -7,34 +7,13 @@
 
 mod common;
 
-use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 
 use common::{
-    ALL_LETTERS, Fixture, LETTERS_CONTRACT as CONTRACT, fault_points, kinds, state, stderr, stdout,
+    ALL_LETTERS, Fixture, LETTERS_CONTRACT as CONTRACT, after_step_verified, fault_points,
+    killed_at, kinds, state, stderr, stdout,
 };
 use serde_json::Value;
-
-/// The fault point (1-based) just after the `step_verified` commit of the `k`th step command
-/// (1-based) the run executes: a step boundary.
-fn after_step_verified(points: &[String], k: usize) -> u64 {
-    let ended = points
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| *p == "command ended")
-        .nth(k - 1)
-        .map(|(i, _)| i)
-        .unwrap_or_else(|| panic!("fewer than {k} steps in {points:?}"));
-    let commit = points
-        .iter()
-        .enumerate()
-        .skip(ended)
-        .filter(|(_, p)| *p == "after commit")
-        .nth(1)
-        .map(|(i, _)| i)
-        .unwrap_or_else(|| panic!("no step_verified commit after step {k} in {points:?}"));
-    commit as u64 + 1
-}
 
 /// The first fault point after the `n`th (1-based) checkpoint's commit.
 fn after_checkpoint(points: &[String], n: usize) -> u64 {
@@ -53,18 +32,6 @@ fn after_checkpoint(points: &[String], n: usize) -> u64 {
         .map(|(i, _)| i)
         .unwrap();
     commit as u64 + 1
-}
-
-/// Starts the run and has it SIGKILL itself at fault point `n`. Returns the run id.
-fn killed_at(f: &Fixture, n: u64) -> String {
-    let (id, out) = f.start(&[("KEEL_CRASH_AT", n.to_string())]);
-    assert_eq!(
-        out.status.signal(),
-        Some(9),
-        "keel should have killed itself at fault point {n}\n{}",
-        f.explain(&out)
-    );
-    id
 }
 
 /// A killed run whose log ends with the `step_verified` of step `k`.

@@ -264,6 +264,45 @@ pub fn fault_points(contract: &str) -> Vec<String> {
         .collect()
 }
 
+/// The 0-based index in `points` of the `k`th (1-based) point called `name`.
+pub fn nth_point(points: &[String], name: &str, k: usize) -> usize {
+    points
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| *p == name)
+        .nth(k - 1)
+        .map(|(i, _)| i)
+        .unwrap_or_else(|| panic!("fewer than {k} `{name}` points in {points:?}"))
+}
+
+/// The fault point (1-based) just after the `step_verified` commit of the `k`th (1-based) step
+/// command the run executes: a step boundary.
+pub fn after_step_verified(points: &[String], k: usize) -> u64 {
+    let ended = nth_point(points, "command ended", k);
+    let commit = points
+        .iter()
+        .enumerate()
+        .skip(ended)
+        .filter(|(_, p)| *p == "after commit")
+        .nth(1)
+        .map(|(i, _)| i)
+        .unwrap_or_else(|| panic!("no step_verified commit after step {k} in {points:?}"));
+    commit as u64 + 1
+}
+
+/// Starts the run and has it SIGKILL itself at fault point `n`. Returns the run id.
+pub fn killed_at(f: &Fixture, n: u64) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    let (id, out) = f.start(&[("KEEL_CRASH_AT", n.to_string())]);
+    assert_eq!(
+        out.status.signal(),
+        Some(9),
+        "keel should have killed itself at fault point {n}\n{}",
+        f.explain(&out)
+    );
+    id
+}
+
 /// A `[sandbox]` table letting a scenario's commands write where its tests keep counters and
 /// markers: outside the workspace, in the system's temporary directory (which confined
 /// commands otherwise cannot write).
