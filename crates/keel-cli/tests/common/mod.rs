@@ -17,23 +17,7 @@ pub fn keel_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_keel"))
 }
 
-pub fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_AUTHOR_NAME", "test")
-        .env("GIT_AUTHOR_EMAIL", "test@localhost")
-        .env("GIT_COMMITTER_NAME", "test")
-        .env("GIT_COMMITTER_EMAIL", "test@localhost")
-        .output()
-        .expect("git runs");
-    assert!(
-        out.status.success(),
-        "git {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
+pub use keel_test_support::git;
 
 impl Fixture {
     /// A git repository with one commit (a README, a lockfile, .gitignore for .keel) and the
