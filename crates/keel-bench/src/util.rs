@@ -177,3 +177,35 @@ pub fn count_blobs(db: &Path, run: &str) -> Result<u64> {
         |r| r.get(0),
     )?)
 }
+
+/// The CPU's model name as `/proc/cpuinfo` gives it (the first one), or "" where it says none.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+                .map(|(_, name)| name.trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
+/// The CPU (user + system, in µs) of starting `program` with `args` and waiting for it, the mean
+/// of `n` starts: what a process costs this machine before it does anything. An error if the
+/// program cannot be started or fails.
+pub fn process_start_cpu_us(program: &str, args: &[&str], n: u32) -> Result<f64, String> {
+    let before = cpu().children_us;
+    for _ in 0..n {
+        let status = std::process::Command::new(program)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .map_err(|e| format!("{program} cannot be started: {e}"))?;
+        if !status.success() {
+            return Err(format!("{program} {args:?} failed: {status}"));
+        }
+    }
+    Ok(round1((cpu().children_us - before) / f64::from(n.max(1))))
+}

@@ -80,6 +80,18 @@ fn the_quick_report_is_json_with_every_figure() {
     assert!(report["survey_step_us"]["cpu_us"]["process"].is_number());
     assert!(report["sqlite_commit_us"]["cpu_us_per_commit"].is_number());
     assert!(report["cpu_us_per_step"]["reference"]["floor_commit_cpu_us"].is_number());
+    // What a process start costs the machine, beside the figures it explains: measured (a
+    // number; a kernel that accounts CPU by ticks may round a few short processes to 0), not
+    // the reason it could not be.
+    let machine = &report["machine"];
+    for program in ["true", "sh -c true"] {
+        let cost = &machine["process_start_cpu_us"][program];
+        assert!(
+            cost.as_f64().is_some_and(|us| us >= 0.0),
+            "{program}: {machine:#}"
+        );
+    }
+    assert!(machine["cpu_model"].is_string(), "{machine:#}");
     assert!(report["resume_ms"]["value"]["events_100"].is_number());
     assert!(report["resume_ms"]["value"]["events_1000"].is_number());
     // Three timed resumes of each size (--quick), and three trials of each group commit mode.
