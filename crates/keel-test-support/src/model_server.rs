@@ -130,28 +130,7 @@ impl FakeServer {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .push(request);
-                let mut reply = replies.next();
-                while let Some(Reply::Late(wait, inner)) = reply {
-                    std::thread::sleep(wait);
-                    reply = Some(*inner);
-                }
-                match reply {
-                    // Unwrapped by the loop above.
-                    Some(Reply::Late(..)) => {}
-                    Some(Reply::Respond {
-                        status,
-                        headers,
-                        body,
-                    }) => respond(&mut stream, status, &headers, &body),
-                    Some(Reply::Drop) => drop(stream),
-                    Some(Reply::Hang) => hung.push(stream),
-                    None => respond(
-                        &mut stream,
-                        418,
-                        &[],
-                        br#"{"error":{"message":"fake server: no canned reply left"}}"#,
-                    ),
-                }
+                answer(stream, replies.next(), &mut hung);
             }
         });
         FakeServer { url, requests }
@@ -163,6 +142,30 @@ impl FakeServer {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+}
+
+/// Carries out `reply` on the connection `stream` (a late one after its wait); with none left,
+/// a 418 that says so. A connection left hanging is kept open in `hung`.
+fn answer(mut stream: TcpStream, reply: Option<Reply>, hung: &mut Vec<TcpStream>) {
+    match reply {
+        Some(Reply::Late(wait, inner)) => {
+            std::thread::sleep(wait);
+            answer(stream, Some(*inner), hung);
+        }
+        Some(Reply::Respond {
+            status,
+            headers,
+            body,
+        }) => respond(&mut stream, status, &headers, &body),
+        Some(Reply::Drop) => drop(stream),
+        Some(Reply::Hang) => hung.push(stream),
+        None => respond(
+            &mut stream,
+            418,
+            &[],
+            br#"{"error":{"message":"fake server: no canned reply left"}}"#,
+        ),
     }
 }
 
