@@ -40,8 +40,9 @@ const UNCAPPED_CONTEXT_TOKENS: u64 = keel_core::contract::DEFAULT_CONTEXT_TOKENS
 const MODEL_LATENCY: Duration = Duration::from_millis(50);
 /// Timed resumes of each size (3 with `--quick`).
 const RESUME_SAMPLES: usize = 9;
-const SECTIONS: [&str; 6] = [
+const SECTIONS: [&str; 7] = [
     "floor",
+    "noop",
     "survey",
     "events",
     "resume",
@@ -135,9 +136,11 @@ fn options() -> Result<Options> {
                      [--keep]\n\
                      Measures keel's per-step cost against the fsync floor, resume time against \
                      log length, prompt size over a long run, group commit, and many runs \
-                     against a 50 ms model. --quick uses small sizes for a smoke run; --keep keeps the \
-                     survey run's workspace and store (its path is in the report as \
-                     `kept_survey`).",
+                     against a 50 ms model. --quick uses small sizes for a smoke run; --only noop \
+                     measures the floor and the no-op runs alone (step_overhead_us, \
+                     cpu_us_per_step: for profiling a step); --keep keeps the survey run's \
+                     workspace and store (its path is in the report as `kept_survey`), or with \
+                     the no-op runs alone theirs (`kept_noop`).",
                     SECTIONS.join(",")
                 );
                 std::process::exit(0);
@@ -181,23 +184,30 @@ fn main() -> Result<()> {
     let mut floor_us = Vec::new();
     let mut floor_cpu_us = 0.0;
     let floor_dir = tempfile::tempdir_in(&base)?;
-    if on("floor") || on("survey") {
+    if on("floor") || on("survey") || on("noop") {
         (floor_us, floor_cpu_us) = floor::sqlite_commits(floor_dir.path(), o.floor_commits / 2)?;
     }
 
     let mut survey = None;
     let mut template = None;
     let mut noop = None;
-    if on("survey") {
-        noop = Some(survey::run(
-            &base,
-            survey::Script::Noop,
-            o.steps,
-            o.context_tokens,
-            false,
-        )?);
+    let survey_run = on("survey") || on("events") || on("resume");
+    if on("survey") || on("noop") {
+        // With the no-op runs alone (`--only noop`, for profiling a step), `--keep` keeps them.
+        let keep = o.keep && !survey_run;
+        let n = survey::run(&base, survey::Script::Noop, o.steps, o.context_tokens, keep)?;
+        if keep {
+            report.insert("kept_noop".into(), json!(n.workspace.display().to_string()));
+        }
+        if !survey_run {
+            let (again, cpu) =
+                floor::sqlite_commits(&floor_dir.path().join("again"), o.floor_commits / 2)?;
+            floor_us.extend(again);
+            floor_cpu_us += cpu;
+        }
+        noop = Some(n);
     }
-    if on("survey") || on("events") || on("resume") {
+    if survey_run {
         let s = survey::run(
             &base,
             survey::Script::Survey,
@@ -243,8 +253,11 @@ fn main() -> Result<()> {
         report.insert("sqlite_commit_us".into(), Value::Object(f));
     }
 
-    if let (Some(s), Some(t), Some(n), true) = (&survey, &template, &noop, on("survey")) {
-        survey_figures(&mut report, s, n, t, (floor_median, floor_cpu), &o)?;
+    if let Some(n) = &noop {
+        noop_figures(&mut report, n, (floor_median, floor_cpu));
+    }
+    if let (Some(s), Some(t), true) = (&survey, &template, on("survey")) {
+        survey_figures(&mut report, s, t, floor_median, &o)?;
     }
 
     if let (Some(s), Some(t), true) = (&survey, &template, on("events")) {
@@ -452,14 +465,12 @@ fn step_cpu(run: &survey::Survey) -> (f64, f64) {
     )
 }
 
-fn survey_figures(
+/// The no-op step's figures: `step_overhead_us` and `cpu_us_per_step`.
+fn noop_figures(
     report: &mut Map<String, Value>,
-    s: &survey::Survey,
     noop: &survey::Survey,
-    t: &synth::Template,
     (floor_median, floor_cpu): (f64, f64),
-    o: &Options,
-) -> Result<()> {
+) {
     let (f, _) = step_figure(
         noop,
         floor_median,
@@ -477,7 +488,6 @@ fn survey_figures(
     report.insert("step_overhead_us".into(), Value::Object(f));
 
     let (cpu_process, cpu_children) = step_cpu(noop);
-    let (survey_process, survey_children) = step_cpu(s);
     report.insert(
         "cpu_us_per_step".into(),
         Value::Object(figure(
@@ -494,7 +504,18 @@ fn survey_figures(
              run's steps.",
         )),
     );
+}
 
+/// The survey run's figures: `survey_step_us`, `step_breakdown`, `prompt_tokens`, and the
+/// run's size.
+fn survey_figures(
+    report: &mut Map<String, Value>,
+    s: &survey::Survey,
+    t: &synth::Template,
+    floor_median: f64,
+    o: &Options,
+) -> Result<()> {
+    let (survey_process, survey_children) = step_cpu(s);
     let (mut f, step_median) = step_figure(
         s,
         floor_median,

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
@@ -19,12 +20,31 @@ const FIGURES: [&str; 8] = [
     "concurrent_runs",
 ];
 
+/// The report `keel-bench --quick --json` with `args` prints, its temporary directories under
+/// `tmp`; it must succeed and print one JSON value.
+fn report(args: &[&str], tmp: &Path) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_keel-bench"))
+        .args(["--quick", "--json"])
+        .args(args)
+        .env("TMPDIR", tmp)
+        .output()
+        .expect("keel-bench runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "keel-bench failed ({})\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("the report is not one JSON value ({e}):\n{stdout}"))
+}
+
 #[test]
 fn the_quick_report_is_json_with_every_figure() {
-    let out = Command::new(env!("CARGO_BIN_EXE_keel-bench"))
-        .args([
-            "--quick",
-            "--json",
+    let tmp = tempfile::tempdir().unwrap();
+    let report = report(
+        &[
             "--steps",
             "20",
             "--runs",
@@ -35,18 +55,9 @@ fn the_quick_report_is_json_with_every_figure() {
             "4",
             "--resume-sizes",
             "100,1000",
-        ])
-        .output()
-        .expect("keel-bench runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "keel-bench failed ({})\nstdout:\n{stdout}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        tmp.path(),
     );
-    let report: Value = serde_json::from_str(&stdout)
-        .unwrap_or_else(|e| panic!("the report is not one JSON value ({e}):\n{stdout}"));
     for name in FIGURES {
         let f = &report[name];
         assert!(f.is_object(), "{name} is missing:\n{report:#}");
@@ -160,4 +171,29 @@ fn the_quick_report_is_json_with_every_figure() {
         assert!(report[key].is_number(), "{key}");
     }
     assert_eq!(report["state"], "completed");
+}
+
+/// `--only noop`: the floor and the no-op runs alone, for profiling a step, with their figures
+/// and no others; `--keep` keeps the measured no-op run's workspace and store.
+#[test]
+fn the_noop_section_alone_gives_the_step_figures() {
+    let tmp = tempfile::tempdir().unwrap();
+    let report = report(&["--steps", "20", "--only", "noop", "--keep"], tmp.path());
+    assert_eq!(report["step_overhead_us"]["value"]["n"], 19, "{report:#}");
+    assert!(report["cpu_us_per_step"]["value"]["process"].is_number());
+    // Both halves of the floor, before and after the no-op runs: 200 commits with --quick.
+    assert_eq!(report["sqlite_commit_us"]["value"]["n"], 200, "{report:#}");
+    for absent in [
+        "survey_step_us",
+        "prompt_tokens",
+        "resume_ms",
+        "events_per_s",
+        "concurrent_runs",
+        "kept_survey",
+    ] {
+        assert!(report.get(absent).is_none(), "{absent}:\n{report:#}");
+    }
+    let kept = std::path::Path::new(report["kept_noop"].as_str().unwrap());
+    assert!(kept.starts_with(tmp.path()), "{kept:?}");
+    assert!(kept.join(".keel/keel.db").is_file(), "{kept:?}");
 }
