@@ -567,14 +567,16 @@ fn a_step_killed_while_its_command_runs_is_rolled_back_and_run_again() {
     assert!(!f.path("other.txt").exists());
 
     let rolled = expect_rolled_back_and_completed(&f, &id);
-    // Whether the shell got to its first write before it died decides if there was anything to
-    // keep; if there was, it is under the ref the event names.
+    // How far the shell got before it died decides if there was anything to keep; if there
+    // was, it is under the ref the event names. The shell may have been killed after `>>`
+    // created the file and before `echo` wrote to it, so the kept file is "x" or empty.
     match rolled["body"]["saved_ref"].as_str() {
         Some(saved) => {
             assert_eq!(interrupted_refs(&f, &id), [saved.to_string()]);
-            assert_eq!(
-                git(f.root(), &["show", &format!("{saved}:partial.txt")]),
-                "x"
+            let kept = git(f.root(), &["show", &format!("{saved}:partial.txt")]);
+            assert!(
+                kept == "x" || kept.is_empty(),
+                "the saved partial.txt holds {kept:?}, not a prefix of what the step wrote"
             );
         }
         None => assert!(interrupted_refs(&f, &id).is_empty()),
