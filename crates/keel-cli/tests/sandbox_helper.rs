@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -30,17 +29,16 @@ fn small_helper() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_keel-sandbox-helper"))
 }
 
+/// A script run at once by this test or by keel: made so that running it cannot meet ETXTBSY
+/// (see `keel_test_support::write_program`).
 fn executable(path: &Path, text: &str) {
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    keel_test_support::write_program(path, text, 0o755);
 }
 
 /// A copy of keel in a directory of its own (a hard link where the filesystem allows).
 fn keel_alone(dir: &Path) -> PathBuf {
     let keel = dir.join("keel");
-    if std::fs::hard_link(keel_bin(), &keel).is_err() {
-        std::fs::copy(keel_bin(), &keel).unwrap();
-    }
+    keel_test_support::install_program(&keel_bin(), &keel);
     keel
 }
 
@@ -82,7 +80,10 @@ fn the_small_helper_beside_keel_is_chosen_only_when_it_is_of_the_same_build() {
     // Nothing beside: keel itself.
     assert_eq!(keel_engine::choose_helper(&own), own);
     // The real small helper of this build.
-    std::fs::copy(small_helper(), dir.path().join(keel_engine::SMALL_HELPER)).unwrap();
+    keel_test_support::install_program(
+        &small_helper(),
+        &dir.path().join(keel_engine::SMALL_HELPER),
+    );
     assert_eq!(
         keel_engine::choose_helper(&own),
         dir.path().join(keel_engine::SMALL_HELPER)

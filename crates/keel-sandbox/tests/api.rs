@@ -145,16 +145,14 @@ fn a_helper_says_its_build_and_only_a_helper_of_this_build_passes_the_check() {
 
     let dir = tempfile::tempdir().unwrap();
     // Not a helper at all, a helper of another build, a missing file, a file that cannot run.
+    // The scripts are made so that running them cannot fail with ETXTBSY (see
+    // `write_program`): each must run and be refused for what it says.
     let other = dir.path().join("other-build");
-    std::fs::write(&other, "#!/bin/sh\necho 0123456789abcdef\n").unwrap();
+    keel_test_support::write_program(&other, "#!/bin/sh\necho 0123456789abcdef\n", 0o755);
     let not_helper = dir.path().join("not-helper");
-    std::fs::write(&not_helper, "#!/bin/sh\nexit 0\n").unwrap();
+    keel_test_support::write_program(&not_helper, "#!/bin/sh\nexit 0\n", 0o755);
     let not_executable = dir.path().join("not-executable");
     std::fs::copy(helper, &not_executable).unwrap();
-    for script in [&other, &not_helper] {
-        std::fs::set_permissions(script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
-    }
     std::fs::set_permissions(
         &not_executable,
         std::os::unix::fs::PermissionsExt::from_mode(0o644),

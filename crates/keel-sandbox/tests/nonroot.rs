@@ -50,7 +50,10 @@ fn as_a_non_root_user_the_sandbox_uses_a_user_namespace() {
     let bin_dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(bin_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let helper = bin_dir.path().join("keel-sandbox-test-helper");
-    std::fs::copy(env!("CARGO_BIN_EXE_keel-sandbox-test-helper"), &helper).unwrap();
+    keel_test_support::install_program(
+        Path::new(env!("CARGO_BIN_EXE_keel-sandbox-test-helper")),
+        &helper,
+    );
     std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
     let (cmd, tmp) = keel_sandbox::Sandbox::new(&helper)
         .command(&policy)
