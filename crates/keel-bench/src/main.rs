@@ -167,8 +167,8 @@ fn main() -> Result<()> {
     let mut report = Map::new();
     // What starting a process costs this machine, before anything else runs: the sandbox starts
     // two for each confined command of the concurrent runs (its helper and the command's shell).
-    // Only with those runs: the other sections run no command in the sandbox, and a profile of one of them
-    // should not hold these processes.
+    // Only with those runs: the other sections run no command in the sandbox, and a profile of
+    // one of them should not hold these processes.
     let starts = if o.quick { 20 } else { 200 };
     let process_start: Value = if on("concurrent") {
         [
@@ -415,9 +415,8 @@ fn main() -> Result<()> {
                      on an idle machine. process_start_cpu_us: the CPU (user + system) of \
                      starting a program and waiting for it, the mean of 200 starts (20 with \
                      --quick) before the sections run, with the concurrent section only, or why \
-                     it could not be measured: what \
-                     each process the sandbox starts (its helper, the command's shell) costs \
-                     this machine before doing anything. Under a hypervisor that traps CPUID it \
+                     it could not be measured: what each process the sandbox starts (its \
+                     helper, the command's shell) costs this machine before doing anything. Under a hypervisor that traps CPUID it \
                      is mostly glibc's start reading the CPU's caches.",
         }),
     );
