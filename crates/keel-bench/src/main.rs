@@ -416,8 +416,9 @@ fn main() -> Result<()> {
                      starting a program and waiting for it, the mean of 200 starts (20 with \
                      --quick) before the sections run, with the concurrent section only, or why \
                      it could not be measured: what each process the sandbox starts (its \
-                     helper, the command's shell) costs this machine before doing anything. Under a hypervisor that traps CPUID it \
-                     is mostly glibc's start reading the CPU's caches.",
+                     helper, the command's shell) costs this machine before doing anything. \
+                     Under a hypervisor that traps CPUID it is mostly glibc's start reading the \
+                     CPU's caches.",
         }),
     );
     let report = Value::Object(report);
