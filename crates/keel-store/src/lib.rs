@@ -539,27 +539,43 @@ impl Store {
         id: Option<&str>,
         hash: &str,
     ) -> Result<Option<(i64, Vec<u8>)>, StoreError> {
-        let sql = match id {
-            Some(_) => {
-                "SELECT id, blob_hashes FROM log WHERE run_id = ?1 AND blob_hashes IS NOT NULL \
-                 ORDER BY last_seq DESC"
-            }
-            None => "SELECT id, blob_hashes FROM log WHERE ?1 IS NULL AND blob_hashes IS NOT NULL",
-        };
-        let mut stmt = self.conn.prepare_cached(sql).map_err(|e| self.sql(e))?;
-        let mut rows = stmt.query([id]).map_err(|e| self.sql(e))?;
         let mut found = None;
-        while let Some(r) = rows.next().map_err(|e| self.sql(e))? {
-            let names = r
-                .get_ref(1)
-                .and_then(|v| Ok(v.as_bytes()?))
+        match id {
+            Some(id) => {
+                // The run's rows by their links, newest first; a broken link ends the search
+                // (the log's own checks report it).
+                let mut names = self
+                    .conn
+                    .prepare_cached("SELECT blob_hashes FROM log WHERE id = ?1")
+                    .map_err(|e| self.sql(e))?;
+                log::walk_rows(&self.conn, id, 0, |row| {
+                    let named: Option<Vec<u8>> = names.query_row([row], |r| r.get(0))?;
+                    if named.is_some_and(|n| log::names_blob(&n, hash)) {
+                        found = Some(row);
+                        return Ok(false);
+                    }
+                    Ok(true)
+                })
                 .map_err(|e| self.sql(e))?;
-            if log::names_blob(names, hash) {
-                found = Some(r.get::<_, i64>(0).map_err(|e| self.sql(e))?);
-                break;
+            }
+            None => {
+                let mut stmt = self
+                    .conn
+                    .prepare_cached("SELECT id, blob_hashes FROM log WHERE blob_hashes IS NOT NULL")
+                    .map_err(|e| self.sql(e))?;
+                let mut rows = stmt.query([]).map_err(|e| self.sql(e))?;
+                while let Some(r) = rows.next().map_err(|e| self.sql(e))? {
+                    let names = r
+                        .get_ref(1)
+                        .and_then(|v| Ok(v.as_bytes()?))
+                        .map_err(|e| self.sql(e))?;
+                    if log::names_blob(names, hash) {
+                        found = Some(r.get::<_, i64>(0).map_err(|e| self.sql(e))?);
+                        break;
+                    }
+                }
             }
         }
-        drop(rows);
         let Some(row) = found else {
             return Ok(None);
         };
@@ -985,20 +1001,38 @@ impl Store {
                 .transaction_with_behavior(TransactionBehavior::Immediate)?;
             let id = &lease.run_id;
             // Rows wholly after the cut go; a row the cut falls in keeps the events before it.
-            let mut rows: Vec<(i64, u64, i64, Vec<u8>)> = Vec::new();
-            {
-                let mut stmt = tx.prepare(
-                    "SELECT id, first_seq, codec, events FROM log WHERE run_id = ?1 \
-                     AND last_seq >= ?2",
-                )?;
-                let found = stmt.query_map(params![id, from_seq], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-                })?;
-                for row in found {
-                    rows.push(row?);
-                }
+            let found = log::run_rows(&tx, id, from_seq)?;
+            if let Some(broken) = found.broken {
+                return Err(TxError::Store(StoreError::Decode {
+                    run: id.clone(),
+                    seq: from_seq,
+                    message: format!("the cut cannot find the rows it falls among: {broken}"),
+                }));
             }
-            for (row, first, codec, bytes) in rows {
+            // The run's newest row once the cut is made: the one the cut falls in, or the one
+            // before the first that goes.
+            if let Some(&oldest) = found.ids.first() {
+                let (prev, first): (Option<i64>, u64) = tx.query_row(
+                    "SELECT prev, first_seq FROM log WHERE id = ?1",
+                    [oldest],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )?;
+                let newest = if first >= from_seq {
+                    prev
+                } else {
+                    Some(oldest)
+                };
+                tx.execute(
+                    "UPDATE runs SET last_log = ?2 WHERE id = ?1",
+                    params![id, newest],
+                )?;
+            }
+            for row in found.ids {
+                let (first, codec, bytes): (u64, i64, Vec<u8>) = tx.query_row(
+                    "SELECT first_seq, codec, events FROM log WHERE id = ?1",
+                    [row],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )?;
                 if first >= from_seq {
                     tx.execute("DELETE FROM log WHERE id = ?1", [row])?;
                     continue;
@@ -1221,24 +1255,12 @@ impl Store {
 
     /// One event, if it exists.
     pub fn event(&self, id: &str, seq: u64) -> Result<Option<StoredEvent>, StoreError> {
-        let row: Option<(u64, u64, i64, Vec<u8>)> = self
-            .conn
-            .prepare_cached(
-                "SELECT first_seq, last_seq, codec, events FROM log \
-                 WHERE run_id = ?1 AND last_seq >= ?2 ORDER BY last_seq LIMIT 1",
-            )
-            .and_then(|mut q| {
-                q.query_row(params![id, seq], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-                })
-                .optional()
-            })
-            .map_err(|e| self.sql(e))?;
-        Ok(row.and_then(|(first, last, codec, bytes)| {
-            row_events(id, first, last, seq, codec, &bytes)
-                .into_iter()
-                .find(|e| e.seq == seq)
-        }))
+        let mut found = None;
+        self.for_each_row(id, seq, |events| {
+            found = events.into_iter().find(|e| e.seq == seq);
+            Ok(false)
+        })?;
+        Ok(found)
     }
 
     /// Streams events with `seq >= from_seq` in order, without holding them all in memory. A
@@ -1250,26 +1272,51 @@ impl Store {
         from_seq: u64,
         mut f: impl FnMut(StoredEvent) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
+        self.for_each_row(id, from_seq, |events| {
+            for event in events {
+                f(event)?;
+            }
+            Ok(true)
+        })
+    }
+
+    /// The events of each of run `id`'s log rows that hold events from `from_seq` on, a row at
+    /// a time in order, until `f` says to stop. Rows whose links cannot be followed back to
+    /// `from_seq` read as one event that cannot be right, where the missing events begin (see
+    /// [`row_events`]), as rows whose events do not decode do.
+    fn for_each_row(
+        &self,
+        id: &str,
+        from_seq: u64,
+        mut f: impl FnMut(Vec<StoredEvent>) -> Result<bool, StoreError>,
+    ) -> Result<(), StoreError> {
+        let rows = log::run_rows(&self.conn, id, from_seq).map_err(|e| self.sql(e))?;
+        if let Some(broken) = &rows.broken {
+            let first = from_seq.max(1);
+            if !f(vec![unreadable(id, first, broken.to_string())])? {
+                return Ok(());
+            }
+        }
         let mut stmt = self
             .conn
-            .prepare_cached(
-                "SELECT first_seq, last_seq, codec, events FROM log \
-                 WHERE run_id = ?1 AND last_seq >= ?2 ORDER BY last_seq",
-            )
+            .prepare_cached("SELECT first_seq, last_seq, codec, events FROM log WHERE id = ?1")
             .map_err(|e| self.sql(e))?;
-        let mut rows = stmt.query(params![id, from_seq]).map_err(|e| self.sql(e))?;
-        while let Some(r) = rows.next().map_err(|e| self.sql(e))? {
-            let (first, last, codec): (u64, u64, i64) = (
-                r.get(0).map_err(|e| self.sql(e))?,
-                r.get(1).map_err(|e| self.sql(e))?,
-                r.get(2).map_err(|e| self.sql(e))?,
-            );
-            let bytes = r
-                .get_ref(3)
-                .and_then(|v| Ok(v.as_bytes()?))
+        for row in rows.ids {
+            let events = stmt
+                .query_row([row], |r| {
+                    let bytes = r.get_ref(3)?.as_bytes()?;
+                    Ok(row_events(
+                        id,
+                        r.get(0)?,
+                        r.get(1)?,
+                        from_seq,
+                        r.get(2)?,
+                        bytes,
+                    ))
+                })
                 .map_err(|e| self.sql(e))?;
-            for event in row_events(id, first, last, from_seq, codec, bytes) {
-                f(event)?;
+            if !f(events)? {
+                break;
             }
         }
         Ok(())
@@ -1297,20 +1344,29 @@ impl Store {
     ) -> Result<Vec<String>, StoreError> {
         let mut unchecked = hashes.clone();
         let mut bad = Vec::new();
+        // A broken link leaves the artifacts of the rows before it unchecked here: they are
+        // looked for where older ones are kept, and reported missing.
+        let rows = log::run_rows(&self.conn, id, 0).map_err(|e| self.sql(e))?;
         let mut stmt = self
             .conn
-            .prepare_cached(
-                "SELECT blob_hashes, blobs FROM log WHERE run_id = ?1 AND blob_hashes IS NOT NULL",
-            )
+            .prepare_cached("SELECT blob_hashes FROM log WHERE id = ?1")
             .map_err(|e| self.sql(e))?;
-        let mut rows = stmt.query([id]).map_err(|e| self.sql(e))?;
-        while let Some(r) = rows.next().map_err(|e| self.sql(e))? {
-            let names: Vec<u8> = r.get(0).map_err(|e| self.sql(e))?;
+        let mut blobs_of = self
+            .conn
+            .prepare_cached("SELECT blobs FROM log WHERE id = ?1")
+            .map_err(|e| self.sql(e))?;
+        for row in rows.ids {
+            let names: Option<Vec<u8>> = stmt
+                .query_row([row], |r| r.get(0))
+                .map_err(|e| self.sql(e))?;
+            let Some(names) = names else {
+                continue;
+            };
             if !unchecked.iter().any(|h| log::names_blob(&names, h)) {
                 continue;
             }
-            let stored: Vec<u8> = r
-                .get::<_, Option<Vec<u8>>>(1)
+            let stored: Vec<u8> = blobs_of
+                .query_row([row], |r| r.get::<_, Option<Vec<u8>>>(0))
                 .map_err(|e| self.sql(e))?
                 .unwrap_or_default();
             let Ok(blobs) = log::decode_blobs(&stored) else {
@@ -1347,29 +1403,53 @@ impl Store {
     /// that cannot be read at all. This reads every row's `blobs` column, which the reads of a
     /// row without blobs never touch, so that damage there is found too.
     pub fn unsound_log_rows(&self, id: &str) -> Result<Vec<String>, StoreError> {
+        let mut bad = Vec::new();
+        let rows = match log::run_rows(&self.conn, id, 0) {
+            Ok(rows) => rows,
+            Err(e) => {
+                bad.push(format!("the log's rows cannot be followed: {e}"));
+                return Ok(bad);
+            }
+        };
+        if let Some(broken) = &rows.broken {
+            bad.push(broken.to_string());
+        }
+        // Rows of the run that its links do not reach (a scan of the whole table: this check
+        // reads everything anyway).
+        let held: usize = self
+            .conn
+            .query_row("SELECT count(*) FROM log WHERE run_id = ?1", [id], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map_err(|e| self.sql(e))?
+            .try_into()
+            .unwrap_or(usize::MAX);
+        if rows.broken.is_none() && held > rows.ids.len() {
+            bad.push(format!(
+                "{} of the log's {held} rows of this run are not linked from its newest: their \
+                 events are not read",
+                held - rows.ids.len()
+            ));
+        }
         let mut stmt = self
             .conn
             .prepare_cached(
                 "SELECT first_seq, last_seq, blob_hashes IS NULL, blobs IS NULL FROM log \
-                 WHERE run_id = ?1 ORDER BY last_seq",
+                 WHERE id = ?1",
             )
             .map_err(|e| self.sql(e))?;
-        let mut rows = stmt.query([id]).map_err(|e| self.sql(e))?;
-        let mut bad = Vec::new();
         let mut read_to = 0u64;
-        loop {
-            let row = rows.next().and_then(|r| match r {
-                Some(r) => Ok(Some((
+        for row in rows.ids {
+            let found = stmt.query_row([row], |r| {
+                Ok((
                     r.get::<_, u64>(0)?,
                     r.get::<_, u64>(1)?,
                     r.get::<_, bool>(2)?,
                     r.get::<_, bool>(3)?,
-                ))),
-                None => Ok(None),
+                ))
             });
-            match row {
-                Ok(None) => break,
-                Ok(Some((first, last, no_names, no_blobs))) => {
+            match found {
+                Ok((first, last, no_names, no_blobs)) => {
                     read_to = last;
                     if no_names != no_blobs {
                         bad.push(format!(
@@ -1572,19 +1652,29 @@ fn row_events(
             events.retain(|e| e.seq >= from);
             events
         }
-        Err(message) => vec![StoredEvent {
-            run_id: id.to_string(),
-            seq: first.max(from),
-            at_ms: 0,
-            version: 0,
-            kind: UNREADABLE.to_string(),
-            body: format!(
+        Err(message) => vec![unreadable(
+            id,
+            first.max(from),
+            format!(
                 "event {} and the events stored with it up to event {last} do not decode: {message}",
                 first.max(from)
             ),
-            prev_hash: String::new(),
-            hash: String::new(),
-        }],
+        )],
+    }
+}
+
+/// An event that stands for stored events that cannot be read: it cannot pass the chain check,
+/// so a reader that checks finds the damage where it is, with `why`.
+fn unreadable(id: &str, seq: u64, why: String) -> StoredEvent {
+    StoredEvent {
+        run_id: id.to_string(),
+        seq,
+        at_ms: 0,
+        version: 0,
+        kind: UNREADABLE.to_string(),
+        body: why,
+        prev_hash: String::new(),
+        hash: String::new(),
     }
 }
 
@@ -1617,7 +1707,8 @@ fn rebuild(
 /// the state and projection stored for it.
 fn new_head(conn: &Connection, id: &str) -> Result<Head, TxError> {
     let (first, codec, bytes): (u64, i64, Vec<u8>) = conn.query_row(
-        "SELECT first_seq, codec, events FROM log WHERE run_id = ?1 ORDER BY last_seq DESC LIMIT 1",
+        "SELECT l.first_seq, l.codec, l.events FROM runs r JOIN log l ON l.id = r.last_log \
+         WHERE r.id = ?1",
         [id],
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
     )?;

@@ -1,10 +1,18 @@
 //! How a commit's events and small artifacts are kept: one row of the `log` table per commit of
 //! a run (schema 6), instead of a row per event and a row per artifact.
 //!
-//! A step's commit appends one row at the end of the table, and one entry to the `(run_id,
-//! last_seq)` index. With a row per event and per artifact a step's commit touched about 17
-//! pages (each table's and index's B-tree rebalancing as it grew, the artifacts' hash index at
-//! random places); a row holds the same in a few (see docs/performance.md).
+//! A step's commit appends one row at the end of the table. With a row per event and per
+//! artifact a step's commit touched about 17 pages (each table's and index's B-tree
+//! rebalancing as it grew, the artifacts' hash index at random places); a row holds the same in
+//! a few (see docs/performance.md).
+//!
+//! A run's rows are found by their links (schema 7), not by an index: `runs.last_log` is the
+//! id of the run's newest row and each row's `prev` the id of the run's row before it (NULL in
+//! its first), always smaller than its own (a new row's id is above every id in the table).
+//! [`walk_rows`] follows them. The `(run_id, last_seq)` index they replace cost every commit a
+//! page of its own (the index's newest leaf, or a leaf at a random place when many runs
+//! commit); the links cost none, as the row and the `runs` row are written anyway, and new rows
+//! of all runs still go at the table's end.
 //!
 //! The `events` column is [`encode_events`]: a small header and each event's stored fields
 //! (sequence number, time, version, kind, body text, previous hash, hash) with their lengths,
@@ -162,25 +170,38 @@ pub fn rewrite_stored(
     seq: u64,
     edit: impl FnOnce(&mut Vec<StoredEvent>),
 ) -> Result<bool, String> {
-    let row: Option<(i64, i64, Vec<u8>)> = conn
-        .query_row(
-            "SELECT id, codec, events FROM log WHERE run_id = ?1 AND first_seq <= ?2 \
-             AND last_seq >= ?2",
-            rusqlite::params![run_id, seq],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
-        .map(Some)
-        .or_else(|e| match e {
-            rusqlite::Error::QueryReturnedNoRows => Ok(None),
-            e => Err(e),
-        })
-        .map_err(|e| e.to_string())?;
-    let Some((id, codec, bytes)) = row else {
+    let rows = run_rows(conn, run_id, seq).map_err(|e| e.to_string())?;
+    if let Some(broken) = &rows.broken {
+        return Err(broken.to_string());
+    }
+    let Some(&id) = rows.ids.first() else {
         return Ok(false);
     };
+    let (first, prev, codec, bytes): (u64, Option<i64>, i64, Vec<u8>) = conn
+        .query_row(
+            "SELECT first_seq, prev, codec, events FROM log WHERE id = ?1",
+            [id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .map_err(|e| e.to_string())?;
+    if first > seq {
+        return Ok(false);
+    }
     let mut events = decode_events(run_id, codec, &bytes)?;
     edit(&mut events);
     if events.is_empty() {
+        // The row after it (or the run, for its newest) is linked to the one before it.
+        match rows.ids.get(1) {
+            Some(next) => conn.execute(
+                "UPDATE log SET prev = ?2 WHERE id = ?1",
+                rusqlite::params![next, prev],
+            ),
+            None => conn.execute(
+                "UPDATE runs SET last_log = ?2 WHERE id = ?1",
+                rusqlite::params![run_id, prev],
+            ),
+        }
+        .map_err(|e| e.to_string())?;
         conn.execute("DELETE FROM log WHERE id = ?1", [id])
     } else {
         conn.execute(
@@ -190,6 +211,118 @@ pub fn rewrite_stored(
     }
     .map_err(|e| e.to_string())?;
     Ok(true)
+}
+
+/// The rows of a run's log that hold events from some sequence number on, found by following
+/// the links back from its newest row (see the module's note).
+#[derive(Debug)]
+pub(crate) struct RunRows {
+    /// Their ids, oldest first.
+    pub ids: Vec<i64>,
+    /// Where the links stopped before reaching the events asked for, if they did.
+    pub broken: Option<BrokenLink>,
+}
+
+/// A link of a run's log that leads nowhere: the rows before it cannot be found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BrokenLink {
+    /// The events of the oldest row found (none when the run's own link is broken).
+    pub after: Option<(u64, u64)>,
+    /// The row it names.
+    pub names: i64,
+    pub why: &'static str,
+}
+
+impl std::fmt::Display for BrokenLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.after {
+            Some((first, last)) => write!(
+                f,
+                "the log's row of events {first}-{last} names row {} as the one before it, \
+                 which {}: the events before {first} cannot be found",
+                self.names, self.why
+            ),
+            None => write!(
+                f,
+                "the run names row {} as its log's newest, which {}: its events cannot be found",
+                self.names, self.why
+            ),
+        }
+    }
+}
+
+/// The rows of run `run_id`'s log that hold events from `from_seq` on (all of them from 0 or
+/// 1), by its links: see [`walk_rows`].
+pub(crate) fn run_rows(
+    conn: &rusqlite::Connection,
+    run_id: &str,
+    from_seq: u64,
+) -> rusqlite::Result<RunRows> {
+    let mut ids = Vec::new();
+    let broken = walk_rows(conn, run_id, from_seq, |id| {
+        ids.push(id);
+        Ok(true)
+    })?;
+    ids.reverse();
+    Ok(RunRows { ids, broken })
+}
+
+/// Gives `f` the id of each of run `run_id`'s log rows that hold events from `from_seq` on,
+/// newest first, by its links: the newest row, then each one's `prev`, back to the row holding
+/// `from_seq`, or until `f` says to stop. A link to a row that is not there, is another run's,
+/// or is not older stops the walk and is returned, with the events of the oldest row found
+/// before it.
+pub(crate) fn walk_rows(
+    conn: &rusqlite::Connection,
+    run_id: &str,
+    from_seq: u64,
+    mut f: impl FnMut(i64) -> rusqlite::Result<bool>,
+) -> rusqlite::Result<Option<BrokenLink>> {
+    let newest: Option<Option<i64>> = conn
+        .prepare_cached("SELECT last_log FROM runs WHERE id = ?1")?
+        .query_row([run_id], |r| r.get(0))
+        .map(Some)
+        .or_else(|e| match e {
+            rusqlite::Error::QueryReturnedNoRows => Ok(None),
+            e => Err(e),
+        })?;
+    let mut next = newest.flatten();
+    let mut after: Option<(i64, u64, u64)> = None;
+    let mut row =
+        conn.prepare_cached("SELECT prev, run_id, first_seq, last_seq FROM log WHERE id = ?1")?;
+    while let Some(id) = next {
+        let found: Option<(Option<i64>, String, u64, u64)> = row
+            .query_row([id], |r| {
+                Ok((r.get(0)?, crate::text(r, 1)?, r.get(2)?, r.get(3)?))
+            })
+            .map(Some)
+            .or_else(|e| match e {
+                rusqlite::Error::QueryReturnedNoRows => Ok(None),
+                e => Err(e),
+            })?;
+        let why = match &found {
+            None => Some("is not there"),
+            Some((_, owner, _, _)) if owner != run_id => Some("is another run's"),
+            Some(_) if after.is_some_and(|(later, _, _)| id >= later) => Some("is not older"),
+            Some(_) => None,
+        };
+        if let Some(why) = why {
+            return Ok(Some(BrokenLink {
+                after: after.map(|(_, first, last)| (first, last)),
+                names: id,
+                why,
+            }));
+        }
+        let Some((prev, _, first, last)) = found else {
+            break;
+        };
+        if last < from_seq || !f(id)? || first <= from_seq {
+            break;
+        }
+        after = Some((id, first, last));
+        next = prev;
+    }
+    Ok(None)
 }
 
 struct Reader<'a> {

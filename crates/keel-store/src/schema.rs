@@ -116,6 +116,32 @@ const MIGRATIONS: &[&str] = &[
         blobs BLOB
     );
     CREATE UNIQUE INDEX log_run ON log (run_id, last_seq);",
+    // 7: a run's rows linked newest to oldest (`prev`, the run's row before; `runs.last_log`,
+    // its newest) instead of the `(run_id, last_seq)` index, which every commit wrote a page
+    // of besides the row's own (see `log`). `prev` comes before the large columns, so following
+    // the links reads no overflow page.
+    "CREATE TABLE log7 (
+        id INTEGER PRIMARY KEY,
+        prev INTEGER,
+        run_id TEXT NOT NULL,
+        first_seq INTEGER NOT NULL,
+        last_seq INTEGER NOT NULL,
+        codec INTEGER NOT NULL,
+        blob_hashes BLOB,
+        events BLOB NOT NULL,
+        blobs BLOB
+    );
+    INSERT INTO log7 (id, prev, run_id, first_seq, last_seq, codec, blob_hashes, events, blobs)
+        SELECT l.id,
+            (SELECT b.id FROM log b WHERE b.run_id = l.run_id AND b.last_seq < l.last_seq
+             ORDER BY b.last_seq DESC LIMIT 1),
+            l.run_id, l.first_seq, l.last_seq, l.codec, l.blob_hashes, l.events, l.blobs
+        FROM log l;
+    DROP TABLE log;
+    ALTER TABLE log7 RENAME TO log;
+    ALTER TABLE runs ADD COLUMN last_log INTEGER;
+    UPDATE runs SET last_log =
+        (SELECT l.id FROM log l WHERE l.run_id = runs.id ORDER BY l.last_seq DESC LIMIT 1);",
 ];
 
 /// Events an old log's rows are grouped by when schema 6 moves them.
@@ -226,6 +252,10 @@ pub(crate) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn count(conn: &Connection, sql: &str) -> i64 {
+        conn.query_row(sql, [], |r| r.get(0)).unwrap()
+    }
 
     /// A new database with the first `version` migrations applied (its directory lives as long
     /// as the returned guard).
@@ -344,19 +374,12 @@ mod tests {
         assert_eq!(store.events_from("a", 140).unwrap(), expected[139..150]);
         assert_eq!(store.event("a", 70).unwrap().as_ref(), Some(&expected[69]));
         let conn = Connection::open(&path).unwrap();
-        let rows: i64 = conn
-            .query_row("SELECT count(*) FROM log WHERE run_id = 'a'", [], |r| {
-                r.get(0)
-            })
-            .unwrap();
+        let rows = count(&conn, "SELECT count(*) FROM log WHERE run_id = 'a'");
         assert_eq!(rows, 3, "150 events in rows of up to {MOVED_PER_ROW}");
-        let events_table: i64 = conn
-            .query_row(
-                "SELECT count(*) FROM sqlite_schema WHERE name = 'events'",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
+        let events_table = count(
+            &conn,
+            "SELECT count(*) FROM sqlite_schema WHERE name = 'events'",
+        );
         assert_eq!(events_table, 0);
         assert_eq!(
             store.read_artifact(&old_blob, usize::MAX).unwrap(),
@@ -367,5 +390,80 @@ mod tests {
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
         assert_eq!(version, MIGRATIONS.len() as i64);
+    }
+
+    #[test]
+    fn schema_7_links_each_runs_rows_and_drops_the_index() {
+        let (_dir, path, conn) = store_of_schema(6);
+        let event = |run: &str, seq: u64| crate::StoredEvent {
+            run_id: run.into(),
+            seq,
+            at_ms: seq as i64,
+            version: 1,
+            kind: "note_added".into(),
+            body: format!("{{\"kind\":\"note_added\",\"n\":{seq}}}"),
+            prev_hash: format!("p{seq}"),
+            hash: format!("h{seq}"),
+        };
+        // Rows of two runs, interleaved: a 1-2, b 1, a 3-4, b 2-3, a 5.
+        let mut expected: std::collections::HashMap<&str, Vec<crate::StoredEvent>> =
+            Default::default();
+        for (run, first, last) in [
+            ("a", 1, 2),
+            ("b", 1, 1),
+            ("a", 3, 4),
+            ("b", 2, 3),
+            ("a", 5, 5),
+        ] {
+            let events: Vec<_> = (first..=last).map(|seq| event(run, seq)).collect();
+            let (codec, bytes) = crate::log::pack(crate::log::encode_events(&events));
+            conn.execute(
+                "INSERT INTO log (run_id, first_seq, last_seq, codec, events) \
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                rusqlite::params![run, first, last, codec, bytes],
+            )
+            .unwrap();
+            expected.entry(run).or_default().extend(events);
+        }
+        for (run, last) in [("a", 5), ("b", 3), ("c", 0)] {
+            conn.execute(
+                "INSERT INTO runs (id, contract_hash, state, reason, created_at, updated_at, \
+                 last_seq, last_hash) VALUES (?1, 'c', 'executing', '', 1, 1, ?2, 'h')",
+                rusqlite::params![run, last],
+            )
+            .unwrap();
+        }
+
+        migrate(&conn, &path).unwrap();
+
+        let links = |run: &str| -> Vec<(i64, Option<i64>)> {
+            let mut out = Vec::new();
+            let mut next: Option<i64> = conn
+                .query_row("SELECT last_log FROM runs WHERE id = ?1", [run], |r| {
+                    r.get(0)
+                })
+                .unwrap();
+            while let Some(id) = next {
+                next = conn
+                    .query_row("SELECT prev FROM log WHERE id = ?1", [id], |r| r.get(0))
+                    .unwrap();
+                out.push((id, next));
+            }
+            out
+        };
+        assert_eq!(links("a"), [(5, Some(3)), (3, Some(1)), (1, None)]);
+        assert_eq!(links("b"), [(4, Some(2)), (2, None)]);
+        assert_eq!(links("c"), []);
+        let indexes = count(
+            &conn,
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'log'",
+        );
+        assert_eq!(indexes, 0);
+        let store = crate::Store::open(&path).unwrap();
+        for run in ["a", "b"] {
+            assert_eq!(store.events_from(run, 1).unwrap(), expected[run]);
+        }
+        assert_eq!(store.events_from("a", 4).unwrap(), expected["a"][3..]);
+        assert_eq!(store.events_from("c", 1).unwrap(), []);
     }
 }

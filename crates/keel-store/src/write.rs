@@ -450,10 +450,12 @@ pub(crate) fn apply(tx: &Connection, p: &Prepared) -> Result<(), TxError> {
             new.lease_until_ms
         ])?;
     }
-    let (token, last_seq, last_hash): (u64, u64, String) = tx
-        .prepare_cached("SELECT lease_token, last_seq, last_hash FROM runs WHERE id = ?1")?
+    let (token, last_seq, last_hash, last_log): (u64, u64, String, Option<i64>) = tx
+        .prepare_cached(
+            "SELECT lease_token, last_seq, last_hash, last_log FROM runs WHERE id = ?1",
+        )?
         .query_row([&p.run_id], |r| {
-            Ok((r.get(0)?, r.get(1)?, crate::text(r, 2)?))
+            Ok((r.get(0)?, r.get(1)?, crate::text(r, 2)?, r.get(3)?))
         })?;
     if token != p.token {
         return Err(TxError::Store(StoreError::LeaseLost {
@@ -475,12 +477,15 @@ pub(crate) fn apply(tx: &Connection, p: &Prepared) -> Result<(), TxError> {
             seq: last_seq,
         }));
     }
+    // The new row, linked to the run's row before it (see `log`).
+    let mut newest = last_log;
     if let Some(row) = &p.row {
         tx.prepare_cached(
-            "INSERT INTO log (run_id, first_seq, last_seq, codec, blob_hashes, events, blobs) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            "INSERT INTO log (prev, run_id, first_seq, last_seq, codec, blob_hashes, events, \
+             blobs) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         )?
         .execute(params![
+            last_log,
             p.run_id,
             row.first_seq,
             row.last_seq,
@@ -489,6 +494,7 @@ pub(crate) fn apply(tx: &Connection, p: &Prepared) -> Result<(), TxError> {
             row.events,
             row.blobs
         ])?;
+        newest = Some(tx.last_insert_rowid());
     }
     for e in &p.evidence {
         tx.prepare_cached(
@@ -518,7 +524,7 @@ pub(crate) fn apply(tx: &Connection, p: &Prepared) -> Result<(), TxError> {
     let r = &p.runs;
     tx.prepare_cached(
         "UPDATE runs SET state = ?2, reason = ?3, phase = ?4, updated_at = ?5, last_seq = ?6, \
-         last_hash = ?7, lease_until = COALESCE(?8, lease_until) WHERE id = ?1",
+         last_hash = ?7, lease_until = COALESCE(?8, lease_until), last_log = ?9 WHERE id = ?1",
     )?
     .execute(params![
         p.run_id,
@@ -528,7 +534,8 @@ pub(crate) fn apply(tx: &Connection, p: &Prepared) -> Result<(), TxError> {
         r.updated_at,
         r.last_seq,
         r.last_hash,
-        r.lease_until
+        r.lease_until,
+        newest
     ])?;
     if let Some(projection) = &p.projection {
         tx.prepare_cached(

@@ -965,3 +965,201 @@ fn a_projection_table_row_that_differs_is_found() {
     assert!(problems[0].starts_with("budget steps:"), "{problems:?}");
     assert!(problems[1].starts_with("step 0.3: let go"), "{problems:?}");
 }
+
+/// The ids of run `id`'s log rows by their links, newest first, as stored.
+fn linked_rows(db: &rusqlite::Connection, id: &str) -> Vec<i64> {
+    let mut out = Vec::new();
+    let mut next: Option<i64> = db
+        .query_row("SELECT last_log FROM runs WHERE id = ?1", [id], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    while let Some(row) = next {
+        out.push(row);
+        next = db
+            .query_row("SELECT prev FROM log WHERE id = ?1", [row], |r| r.get(0))
+            .unwrap();
+    }
+    out
+}
+
+#[test]
+fn runs_committing_by_turns_each_find_their_own_rows_by_their_links() {
+    let (dir, mut store) = open();
+    let mut runs = Vec::new();
+    for id in ["r1", "r2", "r3"] {
+        let (e, run) = created(id);
+        let lease = store.create_run(&e, &run, "me", 0, 1000).unwrap();
+        runs.push((lease, run));
+    }
+    // Their commits alternate, each of one to three events, so their rows interleave.
+    for round in 0..6 {
+        for (i, (lease, run)) in runs.iter_mut().enumerate() {
+            let n = 1 + (round + i) % 3;
+            let (events, next_run) = next(run, (0..n).map(|_| resumed(1)).collect());
+            store.commit(lease, &events, &next_run, None, 0).unwrap();
+            *run = next_run;
+        }
+    }
+    let db = rusqlite_open(&dir);
+    let indexes: i64 = db
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'log'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(indexes, 0, "a commit writes no index of the log");
+    for (lease, run) in &runs {
+        let id = &lease.run_id;
+        let stored = store.events_from(id, 1).unwrap();
+        assert_eq!(
+            stored.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            (1..=run.seq).collect::<Vec<_>>()
+        );
+        assert_eq!(verify_chain(None, &stored), Ok(run.seq));
+        assert!(stored.iter().all(|e| &e.run_id == id));
+        assert_eq!(store.events_from(id, 7).unwrap(), stored[6..]);
+        assert_eq!(store.event(id, 5).unwrap().as_ref(), Some(&stored[4]));
+        assert_eq!(store.event(id, run.seq + 1).unwrap(), None);
+        // The links reach every row of the run, newest first, and no other run's.
+        let linked = linked_rows(&db, id);
+        let mut all: Vec<i64> = db
+            .prepare("SELECT id FROM log WHERE run_id = ?1 ORDER BY id DESC")
+            .unwrap()
+            .query_map([id], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(linked, all);
+        all.sort();
+        assert_eq!(all.len(), 7, "its creation and six commits");
+        assert!(store.unsound_log_rows(id).unwrap().is_empty());
+    }
+}
+
+/// A store with run `r1` in four log rows: events 1, 2-3, 4-5 and 6-7.
+fn four_rows_of_r1() -> tempfile::TempDir {
+    let (dir, mut store) = open();
+    let (e, run) = created("r1");
+    let lease = store.create_run(&e, &run, "me", 0, 1000).unwrap();
+    let mut run = run;
+    for _ in 0..3 {
+        let (events, next_run) = next(&run, vec![resumed(1), resumed(1)]);
+        store.commit(&lease, &events, &next_run, None, 0).unwrap();
+        run = next_run;
+    }
+    dir
+}
+
+#[test]
+fn a_broken_link_of_the_log_is_damage_where_the_events_go_missing_not_a_shorter_log() {
+    let dir = four_rows_of_r1();
+    let (e2, other) = created("r2");
+    let mut store = Store::open(&dir.path().join(".keel/keel.db")).unwrap();
+    store.create_run(&e2, &other, "me", 0, 1000).unwrap();
+    drop(store);
+    let db = rusqlite_open(&dir);
+    // Rows of events 1, 2-3, 4-5, 6-7; the third names a row that is not there.
+    let rows = linked_rows(&db, "r1");
+    assert_eq!(rows.len(), 4);
+    db.execute("UPDATE log SET prev = 9999 WHERE id = ?1", [rows[1]])
+        .unwrap();
+    let store = Store::open(&dir.path().join(".keel/keel.db")).unwrap();
+    let stored = store.events_from("r1", 1).unwrap();
+    assert_eq!(stored[0].seq, 1);
+    assert_eq!(stored[0].kind, keel_store::UNREADABLE);
+    assert!(
+        stored[0].body.contains(
+            "the log's row of events 4-5 names row 9999 as the one before it, which is not there"
+        ),
+        "{}",
+        stored[0].body
+    );
+    assert_eq!(
+        stored[1..].iter().map(|e| e.seq).collect::<Vec<_>>(),
+        [4, 5, 6, 7]
+    );
+    assert!(matches!(
+        verify_chain(None, &stored),
+        Err(ChainProblem::Unreadable { seq: 1, .. })
+    ));
+    let bad = store.unsound_log_rows("r1").unwrap();
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(bad[0].contains("names row 9999"), "{bad:?}");
+    // What comes after the break reads as it is; the events before it are damage.
+    assert_eq!(store.events_from("r1", 5).unwrap()[0].seq, 5);
+    assert_eq!(
+        store.event("r1", 2).unwrap().unwrap().kind,
+        keel_store::UNREADABLE
+    );
+
+    // A link to another run's row, or to a newer row, is as broken.
+    let first_read_after_linking = |prev: i64| {
+        db.execute(
+            "UPDATE log SET prev = ?2 WHERE id = ?1",
+            rusqlite::params![rows[1], prev],
+        )
+        .unwrap();
+        store.events_from("r1", 1).unwrap().remove(0)
+    };
+    let theirs: i64 = db
+        .query_row("SELECT last_log FROM runs WHERE id = 'r2'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    for (prev, why) in [
+        (theirs, "which is another run's"),
+        (rows[0], "which is not older"),
+    ] {
+        let first = first_read_after_linking(prev);
+        assert!(first.body.contains(why), "{}", first.body);
+    }
+
+    // A run whose newest link skips its newest row: the log reads shorter, and the check of
+    // its rows finds the row left out.
+    first_read_after_linking(rows[2]);
+    db.execute("UPDATE runs SET last_log = ?1 WHERE id = 'r1'", [rows[1]])
+        .unwrap();
+    let bad = store.unsound_log_rows("r1").unwrap();
+    assert_eq!(
+        bad,
+        [
+            "1 of the log's 4 rows of this run are not linked from its newest: their events are not read"
+        ]
+    );
+
+    // The run's own link to a row that is not there: none of its events can be found.
+    db.execute(
+        "UPDATE log SET prev = ?2 WHERE id = ?1",
+        rusqlite::params![rows[1], rows[2]],
+    )
+    .unwrap();
+    db.execute("UPDATE runs SET last_log = 9999 WHERE id = 'r1'", [])
+        .unwrap();
+    let stored = store.events_from("r1", 1).unwrap();
+    assert_eq!(stored.len(), 1);
+    assert!(
+        stored[0]
+            .body
+            .contains("the run names row 9999 as its log's newest, which is not there"),
+        "{}",
+        stored[0].body
+    );
+}
+
+#[test]
+fn a_log_row_removed_whole_leaves_a_gap_and_the_rows_before_it_linked() {
+    let dir = four_rows_of_r1();
+    let db = rusqlite_open(&dir);
+    // The row of events 4-5 in the middle, then the newest, of 6-7.
+    for seq in [4, 6] {
+        assert!(keel_store::log::rewrite_stored(&db, "r1", seq, |events| events.clear()).unwrap());
+    }
+    assert_eq!(linked_rows(&db, "r1").len(), 2);
+    let store = Store::open(&dir.path().join(".keel/keel.db")).unwrap();
+    let stored = store.events_from("r1", 1).unwrap();
+    assert_eq!(stored.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3]);
+    assert_eq!(verify_chain(None, &stored), Ok(3));
+    assert!(!keel_store::log::rewrite_stored(&db, "r1", 4, |_| {}).unwrap());
+}
