@@ -539,6 +539,7 @@ impl Store {
         id: Option<&str>,
         hash: &str,
     ) -> Result<Option<(i64, Vec<u8>)>, StoreError> {
+        let _snapshot = ReadSnapshot::take(&self.conn).map_err(|e| self.sql(e))?;
         let mut found = None;
         match id {
             Some(id) => {
@@ -1290,6 +1291,7 @@ impl Store {
         from_seq: u64,
         mut f: impl FnMut(Vec<StoredEvent>) -> Result<bool, StoreError>,
     ) -> Result<(), StoreError> {
+        let _snapshot = ReadSnapshot::take(&self.conn).map_err(|e| self.sql(e))?;
         let rows = log::run_rows(&self.conn, id, from_seq).map_err(|e| self.sql(e))?;
         if let Some(broken) = &rows.broken {
             let first = from_seq.max(1);
@@ -1346,6 +1348,7 @@ impl Store {
         let mut bad = Vec::new();
         // A broken link leaves the artifacts of the rows before it unchecked here: they are
         // looked for where older ones are kept, and reported missing.
+        let _snapshot = ReadSnapshot::take(&self.conn).map_err(|e| self.sql(e))?;
         let rows = log::run_rows(&self.conn, id, 0).map_err(|e| self.sql(e))?;
         let mut stmt = self
             .conn
@@ -1404,6 +1407,7 @@ impl Store {
     /// row without blobs never touch, so that damage there is found too.
     pub fn unsound_log_rows(&self, id: &str) -> Result<Vec<String>, StoreError> {
         let mut bad = Vec::new();
+        let _snapshot = ReadSnapshot::take(&self.conn).map_err(|e| self.sql(e))?;
         let rows = match log::run_rows(&self.conn, id, 0) {
             Ok(rows) => rows,
             Err(e) => {
@@ -1560,6 +1564,30 @@ impl Ending for rusqlite::Transaction<'_> {
     }
     fn rollback(self) -> rusqlite::Result<()> {
         rusqlite::Transaction::rollback(self)
+    }
+}
+
+/// One snapshot of the store for the statements run while it is held: a savepoint, which is a
+/// read transaction when none is open (and nothing more inside one). A run's log is read by
+/// following its links, a statement a row; without it a commit or a cut made between two of
+/// them could show a link to a row that is not there yet, or no more.
+pub(crate) struct ReadSnapshot<'c>(&'c Connection);
+
+impl<'c> ReadSnapshot<'c> {
+    pub(crate) fn take(conn: &'c Connection) -> rusqlite::Result<ReadSnapshot<'c>> {
+        conn.prepare_cached("SAVEPOINT keel_read")?.execute([])?;
+        Ok(ReadSnapshot(conn))
+    }
+}
+
+impl Drop for ReadSnapshot<'_> {
+    fn drop(&mut self) {
+        // Nothing was written under it: ending it cannot lose anything, and a failure to end
+        // it leaves the read transaction to the connection's next statement.
+        let _ = self
+            .0
+            .prepare_cached("RELEASE keel_read")
+            .and_then(|mut s| s.execute([]));
     }
 }
 

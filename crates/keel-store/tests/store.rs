@@ -1163,3 +1163,51 @@ fn a_log_row_removed_whole_leaves_a_gap_and_the_rows_before_it_linked() {
     assert_eq!(verify_chain(None, &stored), Ok(3));
     assert!(!keel_store::log::rewrite_stored(&db, "r1", 4, |_| {}).unwrap());
 }
+
+#[test]
+fn a_read_of_the_log_sees_one_snapshot_while_another_connection_cuts_it() {
+    let (dir, mut store) = open();
+    let (e, run) = created("r1");
+    let lease = store.create_run(&e, &run, "me", 0, 1000).unwrap();
+    let mut runs = vec![run.clone()];
+    for _ in 0..3 {
+        let last = runs.last().unwrap().clone();
+        let (events, next_run) = next(&last, vec![resumed(1), resumed(1)]);
+        store.commit(&lease, &events, &next_run, None, 0).unwrap();
+        runs.push(next_run);
+    }
+    // The cut of events 4 on, made by another connection while the first reads the log, after
+    // it has followed the links and read the first row.
+    let mut other = Store::open(&dir.path().join(".keel/keel.db")).unwrap();
+    let (cut, rebuilt) = next(
+        &runs[1],
+        vec![EventBody::TailCut {
+            seq: 4,
+            reason: "torn".into(),
+        }],
+    );
+    let mut read = Vec::new();
+    let mut cut_made = false;
+    store
+        .for_each_event("r1", 1, |e| {
+            if !cut_made {
+                other.cut_tail(&lease, 4, &cut, &rebuilt, 0).unwrap();
+                cut_made = true;
+            }
+            read.push(e);
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(
+        read.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        (1..=7).collect::<Vec<_>>(),
+        "the read goes on in the log as it was when it began"
+    );
+    assert_eq!(verify_chain(None, &read), Ok(7));
+    let after = store.events_from("r1", 1).unwrap();
+    assert_eq!(
+        after.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+    assert_eq!(after[3].kind, "tail_cut");
+}
