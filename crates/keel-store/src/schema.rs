@@ -436,24 +436,15 @@ mod tests {
 
         migrate(&conn, &path).unwrap();
 
-        let links = |run: &str| -> Vec<(i64, Option<i64>)> {
-            let mut out = Vec::new();
-            let mut next: Option<i64> = conn
-                .query_row("SELECT last_log FROM runs WHERE id = ?1", [run], |r| {
-                    r.get(0)
-                })
-                .unwrap();
-            while let Some(id) = next {
-                next = conn
-                    .query_row("SELECT prev FROM log WHERE id = ?1", [id], |r| r.get(0))
-                    .unwrap();
-                out.push((id, next));
-            }
-            out
+        // Each run's rows, oldest first, by the links the migration made (ids in insert order).
+        let linked = |run: &str| {
+            let rows = crate::log::run_rows(&conn, run, 0).unwrap();
+            assert_eq!(rows.broken, None, "run {run}");
+            rows.ids
         };
-        assert_eq!(links("a"), [(5, Some(3)), (3, Some(1)), (1, None)]);
-        assert_eq!(links("b"), [(4, Some(2)), (2, None)]);
-        assert_eq!(links("c"), []);
+        assert_eq!(linked("a"), [1, 3, 5]);
+        assert_eq!(linked("b"), [2, 4]);
+        assert_eq!(linked("c"), Vec::<i64>::new());
         let indexes = count(
             &conn,
             "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'log'",
