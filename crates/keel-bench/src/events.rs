@@ -18,7 +18,7 @@ use keel_store::{CommitStats, Store};
 use serde_json::{Value, json};
 
 use crate::synth::{Sink, SynthRun, Template};
-use crate::util::round1;
+use crate::util::{round1, round2};
 
 pub struct Trial {
     pub writers: usize,
@@ -41,7 +41,7 @@ impl Trial {
             "commits": self.commits,
             "group_commit": round1(self.group_events_per_s),
             "without_group_commit": round1(self.separate_events_per_s),
-            "ratio": round1(self.group_events_per_s / self.separate_events_per_s.max(1e-9)),
+            "ratio": round2(self.group_events_per_s / self.separate_events_per_s.max(1e-9)),
             "group_commit_trials": self.group_samples.iter().map(|v| round1(*v)).collect::<Vec<_>>(),
             "without_group_commit_trials":
                 self.separate_samples.iter().map(|v| round1(*v)).collect::<Vec<_>>(),

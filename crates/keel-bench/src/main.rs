@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Map, Value, json};
 
-use util::{figure, median, round1, round3, summary};
+use util::{figure, median, round1, round2, round3, summary};
 
 /// The context size of the run without a binding limit: keel's default.
 const UNCAPPED_CONTEXT_TOKENS: u64 = keel_core::contract::DEFAULT_CONTEXT_TOKENS;
@@ -368,7 +368,7 @@ fn main() -> Result<()> {
              a few events before the end. Sizes are approximate: events_N is the size asked \
              for, `runs` gives the exact count.",
         );
-        f.insert("ratio".into(), json!(round1(ratio)));
+        f.insert("ratio".into(), json!(round2(ratio)));
         f.insert(
             "runs".into(),
             json!(
@@ -451,7 +451,7 @@ fn step_figure(
         meets(ratio),
         note,
     );
-    f.insert("ratio_to_floor".into(), json!(round1(ratio)));
+    f.insert("ratio_to_floor".into(), json!(round2(ratio)));
     f.insert(
         "median_first_tenth".into(),
         json!(round1(median(&run.step_us[..tenth]))),

@@ -41,6 +41,12 @@ pub fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }
 
+/// Two decimals: for a ratio judged against a target (1.5, 2), so that one just over it (1.53)
+/// does not print as the target itself beside `meets_target: false`.
+pub fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
 pub fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
@@ -208,4 +214,18 @@ pub fn process_start_cpu_us(program: &str, args: &[&str], n: u32) -> Result<f64,
         }
     }
     Ok(round1((cpu().children_us - before) / f64::from(n.max(1))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ratio_just_over_its_target_does_not_print_as_the_target() {
+        // The no-op step's target is 1.5 floors: 1.526 is a miss, and must not read as 1.5.
+        assert_eq!(round2(1.526), 1.53);
+        assert_eq!(round2(1.499), 1.5);
+        assert_eq!(round2(2.0), 2.0);
+        assert!(round2(1.526) > 1.5 && round1(1.526) == 1.5);
+    }
 }
