@@ -1,6 +1,6 @@
-//! The floor: one single-row SQLite commit, synced to disk, with the settings and the build of
-//! SQLite keel-store uses (WAL, `synchronous = FULL`, `fdatasync`), on the disk the other
-//! figures use.
+//! The floor: one single-row SQLite commit, synced to disk, with the settings, the build and
+//! the VFS of SQLite keel-store uses (WAL, `synchronous = FULL`, `fdatasync`, a commit's WAL
+//! frames written in one `pwrite`: `keel_store::vfs`), on the disk the other figures use.
 
 use std::path::Path;
 use std::time::Instant;
@@ -42,7 +42,7 @@ fn warm_wal(conn: &Connection) -> Result<()> {
 /// together, in microseconds.
 pub fn sqlite_commits(dir: &Path, n: usize) -> Result<(Vec<f64>, f64)> {
     std::fs::create_dir_all(dir)?;
-    let conn = Connection::open(dir.join("floor.db"))?;
+    let conn = keel_store::open_connection(&dir.join("floor.db"))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")?;
@@ -73,7 +73,7 @@ mod tests {
     #[test]
     fn after_the_warm_up_a_commit_starts_the_wal_over() {
         let dir = tempfile::tempdir().unwrap();
-        let conn = Connection::open(dir.path().join("floor.db")).unwrap();
+        let conn = keel_store::open_connection(&dir.path().join("floor.db")).unwrap();
         conn.pragma_update(None, "journal_mode", "WAL").unwrap();
         conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
             .unwrap();

@@ -15,6 +15,7 @@ mod fault;
 pub mod log;
 mod schema;
 mod verify;
+pub mod vfs;
 mod write;
 
 use std::path::{Path, PathBuf};
@@ -255,13 +256,21 @@ pub(crate) fn retry_busy<T>(mut f: impl FnMut() -> rusqlite::Result<T>) -> rusql
     }
 }
 
+/// A connection to the SQLite file at `path` (created if missing) through keel-store's VFS
+/// ([`vfs`]: a commit's WAL frames written in one `pwrite`), with no other setting changed.
+pub fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
+    let vfs = vfs::name()
+        .map_err(|code| rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None))?;
+    Connection::open_with_flags_and_vfs(path, rusqlite::OpenFlags::default(), vfs)
+}
+
 /// A connection to the store file at `path` with keel's settings (the schema is not touched).
 pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
     let sql = |source| StoreError::Sqlite {
         path: path.to_path_buf(),
         source,
     };
-    let conn = Connection::open(path).map_err(sql)?;
+    let conn = open_connection(path).map_err(sql)?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(sql)?;
     retry_busy(|| conn.pragma_update(None, "journal_mode", "WAL")).map_err(sql)?;
     conn.pragma_update(None, "synchronous", "FULL")
