@@ -52,6 +52,9 @@ struct State {
     leading: bool,
     /// Whether the leader is still waiting for the lock (its own commit waits with the queue).
     leader_waiting: bool,
+    /// Threads waiting on `turn` (counted under this state's lock, as `wait` releases it), so
+    /// that a leader with none to wake makes no wake-up call (a system call each).
+    waiters: usize,
 }
 
 /// The shared write connection and the busy timeout last set on it.
@@ -179,10 +182,12 @@ impl Writers {
         });
         state.queue.push(slot.clone());
         loop {
+            state.waiters += 1;
             state = self
                 .turn
                 .wait(state)
                 .unwrap_or_else(PoisonError::into_inner);
+            state.waiters -= 1;
             if slot.done.load(Ordering::Acquire) {
                 break;
             }
@@ -300,7 +305,9 @@ impl Drop for Leading<'_> {
         let mut state = lock(&self.0.state);
         state.leading = false;
         state.leader_waiting = false;
-        self.0.turn.notify_all();
+        if state.waiters > 0 {
+            self.0.turn.notify_all();
+        }
     }
 }
 
