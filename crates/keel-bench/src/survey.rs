@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use keel_core::event::EventBody;
 use keel_core::run::Run;
 use keel_core::state::RunState;
@@ -44,19 +44,43 @@ pub struct Survey {
     pub db: PathBuf,
 }
 
-/// Notes the moment (and the CPU time) each agent step begins: the engine reports a step once
-/// it has recorded its `step_started` (after the previous step's commit), so the time between
-/// two reports is one whole step, its commit included.
-#[derive(Default)]
+/// Notes the moment each agent step begins, and the CPU time and git processes so far at the
+/// first and the last of `steps`: the engine reports a step once it has recorded its
+/// `step_started` (after the previous step's commit), so the time between two reports is one
+/// whole step, its commit included. The CPU is read (two `getrusage` calls, each a system call)
+/// only at those two steps, so that what the clock itself costs is not counted as the steps'.
 struct StepClock {
-    marks: Vec<(Instant, Cpu, u64)>,
+    steps: usize,
+    marks: Vec<Instant>,
+    first: Option<(Cpu, u64)>,
+    last: Option<(Cpu, u64)>,
+}
+
+impl StepClock {
+    fn new(steps: usize) -> StepClock {
+        StepClock {
+            steps,
+            marks: Vec::with_capacity(steps),
+            first: None,
+            last: None,
+        }
+    }
 }
 
 impl Observer for StepClock {
     fn progress(&mut self, _: &Run, progress: Progress<'_>) {
         if let Progress::Step { .. } = progress {
-            self.marks
-                .push((Instant::now(), util::cpu(), keel_git::processes()));
+            self.marks.push(Instant::now());
+            let n = self.marks.len();
+            if n == 1 || n == self.steps {
+                let now = Some((util::cpu(), keel_git::processes()));
+                if n == 1 {
+                    self.first = now;
+                }
+                if n == self.steps {
+                    self.last = now;
+                }
+            }
         }
     }
 }
@@ -119,7 +143,7 @@ pub fn run(
                 detach: false,
             },
             &actor,
-            &mut StepClock::default(),
+            &mut StepClock::new(steps),
             &mut |_| {},
         )?;
         ensure!(
@@ -131,7 +155,7 @@ pub fn run(
     }
     let commits_before = store.commits();
     let id = keel_engine::new_run_id();
-    let mut clock = StepClock::default();
+    let mut clock = StepClock::new(steps);
     let started = Instant::now();
     let run = keel_engine::start(
         &mut store,
@@ -175,16 +199,15 @@ pub fn run(
         "expected {steps} step reports, got {}",
         marks.len()
     );
-    let step_us = marks
-        .windows(2)
-        .map(|w| util::us(w[1].0 - w[0].0))
-        .collect();
-    let (first, last) = (&marks[0], &marks[marks.len() - 1]);
-    let cpu = Cpu {
-        process_us: last.1.process_us - first.1.process_us,
-        children_us: last.1.children_us - first.1.children_us,
+    let step_us = marks.windows(2).map(|w| util::us(w[1] - w[0])).collect();
+    let (Some(first), Some(last)) = (&clock.first, &clock.last) else {
+        bail!("the step clock did not read the CPU at the first and the last step");
     };
-    let git_processes = last.2 - first.2;
+    let cpu = Cpu {
+        process_us: last.0.process_us - first.0.process_us,
+        children_us: last.0.children_us - first.0.children_us,
+    };
+    let git_processes = last.1 - first.1;
     let commits = store.commits() - commits_before;
     let stored_blobs = util::count_blobs(&db, &id)?;
     let projection_bytes = serde_json::to_string(&store.run(&id)?)?.len();
