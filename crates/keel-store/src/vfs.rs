@@ -237,7 +237,10 @@ unsafe extern "C" fn write(
     // SAFETY: SQLite passes `amount` readable bytes at `data` for the call's length.
     let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) };
     let ends_commit = w.commit_header;
-    let follows = i64::try_from(w.buf.len()).is_ok_and(|n| w.at + n == offset);
+    let follows = i64::try_from(w.buf.len())
+        .ok()
+        .and_then(|n| w.at.checked_add(n))
+        .is_some_and(|end| end == offset);
     if !w.buf.is_empty() && (!follows || w.buf.len() + len > MOST) {
         let rc = flush(w);
         if rc != ffi::SQLITE_OK {
