@@ -3,8 +3,8 @@
 //!
 //! SQLite writes each WAL frame as two writes, its 24-byte header and then its page, so a
 //! commit of four pages is eight `pwrite`s before its sync. Each is a system call, and where a
-//! system call is dear (a VM whose kernel entries cost microseconds) the eight cost more than
-//! the sync's own CPU (see "What the figures show" in docs/performance.md). Here a WAL file's
+//! system call is dear (a VM whose kernel entries cost microseconds) the eight cost about half
+//! as much CPU as the sync itself (see "What the figures show" in docs/performance.md). Here a WAL file's
 //! writes that follow one another in the file are gathered in memory and written as one, and
 //! they are written before anything else is done to the file or could see it:
 //!
@@ -186,8 +186,8 @@ static WAL_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
 ///
 /// # Safety
 /// `file` must be a file `open` wrapped and `close` has not closed: SQLite calls these methods
-/// only on such a file, one call at a time (a connection's calls are serialised by its mutex,
-/// and a WAL file belongs to one connection).
+/// only on such a file, one call at a time (a WAL file belongs to one connection, and a
+/// connection is used by one thread at a time: rusqlite's `Connection` is not `Sync`).
 unsafe fn wal<'a>(file: *mut ffi::sqlite3_file) -> &'a mut WalFile {
     // SAFETY: as the function's contract states.
     unsafe { &mut *file.cast::<WalFile>() }
@@ -234,6 +234,9 @@ unsafe extern "C" fn write(
     let Ok(len) = usize::try_from(amount) else {
         return ffi::SQLITE_IOERR_WRITE;
     };
+    if len == 0 {
+        return ffi::SQLITE_OK;
+    }
     // SAFETY: SQLite passes `amount` readable bytes at `data` for the call's length.
     let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) };
     let ends_commit = w.commit_header;
