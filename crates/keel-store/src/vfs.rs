@@ -428,6 +428,8 @@ pub(crate) mod tests {
         let path = dir.path().join("db");
         {
             let conn = open(&path, "FULL");
+            // Checkpoints every 100 pages: several run between and inside the transactions.
+            conn.pragma_update(None, "wal_autocheckpoint", 100).unwrap();
             conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)")
                 .unwrap();
             // Past the buffer's bound in one transaction, and past the automatic checkpoint.

@@ -95,6 +95,8 @@ fn a_writer_killed_anywhere_keeps_every_commit_it_saw_and_no_part_of_another() {
         // writer has reached by the time the signal lands.
         let wait_for = 3 + round * 5;
         let lines = BufReader::new(writer.0.stdout.take().unwrap()).lines();
+        // The writer may be ahead of this reader: the commits it acknowledged before the signal
+        // landed are read from the pipe to its end, so `seen` is its last acknowledgement.
         let mut acknowledged = 0;
         for line in lines {
             let line = line.unwrap();
@@ -103,13 +105,12 @@ fn a_writer_killed_anywhere_keeps_every_commit_it_saw_and_no_part_of_another() {
                 acknowledged += 1;
                 if acknowledged == wait_for {
                     writer.0.kill().unwrap();
-                    break;
                 }
             }
         }
-        assert_eq!(
-            acknowledged, wait_for,
-            "round {round}: the writer stopped early"
+        assert!(
+            acknowledged >= wait_for,
+            "round {round}: the writer stopped early, after {acknowledged} commits"
         );
         writer.0.wait().unwrap();
         drop(writer);
