@@ -247,7 +247,8 @@ fn main() -> Result<()> {
             None,
             "One INSERT of a 300-byte row in BEGIN IMMEDIATE … COMMIT, WAL, synchronous = \
              FULL (keel-store's settings, with the same build of SQLite and its VFS: it syncs \
-             with fdatasync, and writes a commit's WAL frames in one pwrite), in the same temporary directory as the runs; half the commits before \
+             with fdatasync, and writes a commit's WAL frames in one pwrite), in the same \
+             temporary directory as the runs; half the commits before \
              the no-op and survey runs and half after them, each half in a new database whose WAL one \
              unmeasured transaction of 1,200 pages first grew past the checkpoint threshold, so \
              the measured commits write over it from its start, as a store in use does (a new \
