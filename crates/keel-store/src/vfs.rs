@@ -92,7 +92,7 @@ fn register() -> Result<Unix, c_int> {
         }
         let mut vfs = *unix;
         let size = usize::try_from((*unix).szOsFile).map_err(|_| ffi::SQLITE_ERROR)?;
-        vfs.szOsFile = c_int::try_from(HEADER + size).map_err(|_| ffi::SQLITE_ERROR)?;
+        vfs.szOsFile = c_int::try_from(HEADER + BELOW + size).map_err(|_| ffi::SQLITE_ERROR)?;
         vfs.zName = NAME.as_ptr();
         vfs.pNext = ptr::null_mut();
         vfs.xOpen = Some(open);
@@ -130,17 +130,18 @@ unsafe extern "C" fn open(
         return ffi::SQLITE_CANTOPEN;
     };
     if flags & ffi::SQLITE_OPEN_WAL == 0 {
-        // SAFETY: SQLite gave `file` this VFS's `szOsFile` bytes, more than `unix` needs; the
-        // other arguments are SQLite's own, passed on unchanged.
-        return unsafe { unix_open(unix, name, file, flags, out_flags) };
+        // SAFETY: SQLite gave `file` this VFS's `szOsFile` bytes, more than `unix` needs (and
+        // in tests, a recorder over it); the other arguments are SQLite's own, unchanged.
+        return unsafe { open_below(unix_open, unix, name, file, flags, out_flags) };
     }
-    // SAFETY: SQLite gave `file` `HEADER + unix's szOsFile` bytes, zeroed and aligned for any
-    // C struct (as a `WalFile` is), owned by this file until `close`. The `unix` file is
-    // opened in the bytes after `HEADER`; the `WalFile` is written only once that succeeded,
-    // so a failed open leaves `pMethods` null (zeroed), as SQLite expects, and nothing to drop.
+    // SAFETY: SQLite gave `file` `HEADER + BELOW + unix's szOsFile` bytes, zeroed and aligned
+    // for any C struct (as a `WalFile` is), owned by this file until `close`. The `unix` file
+    // (in tests, a recorder over it) is opened in the bytes after `HEADER`; the `WalFile` is
+    // written only once that succeeded, so a failed open leaves `pMethods` null (zeroed), as
+    // SQLite expects, and nothing to drop.
     unsafe {
         let inner = file.cast::<u8>().add(HEADER).cast::<ffi::sqlite3_file>();
-        let rc = unix_open(unix, name, inner, flags, out_flags);
+        let rc = open_below(unix_open, unix, name, inner, flags, out_flags);
         if rc != ffi::SQLITE_OK {
             return rc;
         }
@@ -160,44 +161,105 @@ unsafe extern "C" fn open(
     ffi::SQLITE_OK
 }
 
-static WAL_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
-    iVersion: 3,
-    xClose: Some(close),
-    xRead: Some(read),
-    xWrite: Some(write),
-    xTruncate: Some(truncate),
-    xSync: Some(sync),
-    xFileSize: Some(file_size),
-    xLock: Some(lock),
-    xUnlock: Some(unlock),
-    xCheckReservedLock: Some(check_reserved_lock),
-    xFileControl: Some(file_control),
-    xSectorSize: Some(sector_size),
-    xDeviceCharacteristics: Some(device_characteristics),
-    xShmMap: Some(shm_map),
-    xShmLock: Some(shm_lock),
-    xShmBarrier: Some(shm_barrier),
-    xShmUnmap: Some(shm_unmap),
-    xFetch: Some(fetch),
-    xUnfetch: Some(unfetch),
-};
+/// `unix`'s `xOpen`.
+type OpenFn = unsafe extern "C" fn(
+    *mut ffi::sqlite3_vfs,
+    ffi::sqlite3_filename,
+    *mut ffi::sqlite3_file,
+    c_int,
+    *mut c_int,
+) -> c_int;
+
+/// Bytes a file's allocation holds, besides `unix`'s file and a [`WalFile`], for what tests
+/// put between them: a recorder of what reaches `unix` (see `power`). None outside tests.
+#[cfg(not(test))]
+const BELOW: usize = 0;
+#[cfg(test)]
+const BELOW: usize = power::SIZE;
+
+/// Opens the file keel's own methods sit over: `unix`'s, or in a test that records what
+/// reaches the disk, a recorder over `unix`'s.
+///
+/// # Safety
+/// As `unix`'s `xOpen`, with `BELOW` more bytes at `file` than `unix` needs.
+unsafe fn open_below(
+    unix_open: OpenFn,
+    unix: *mut ffi::sqlite3_vfs,
+    name: ffi::sqlite3_filename,
+    file: *mut ffi::sqlite3_file,
+    flags: c_int,
+    out_flags: *mut c_int,
+) -> c_int {
+    #[cfg(test)]
+    if power::recording() {
+        // SAFETY: as this function's contract states.
+        return unsafe { power::open(unix_open, unix, name, file, flags, out_flags) };
+    }
+    // SAFETY: as this function's contract states.
+    unsafe { unix_open(unix, name, file, flags, out_flags) }
+}
+
+/// The methods of a file type whose module defines one function of each name (`close`,
+/// `read`, ...): the version-3 table SQLite calls them through.
+macro_rules! io_methods {
+    () => {
+        ffi::sqlite3_io_methods {
+            iVersion: 3,
+            xClose: Some(close),
+            xRead: Some(read),
+            xWrite: Some(write),
+            xTruncate: Some(truncate),
+            xSync: Some(sync),
+            xFileSize: Some(file_size),
+            xLock: Some(lock),
+            xUnlock: Some(unlock),
+            xCheckReservedLock: Some(check_reserved_lock),
+            xFileControl: Some(file_control),
+            xSectorSize: Some(sector_size),
+            xDeviceCharacteristics: Some(device_characteristics),
+            xShmMap: Some(shm_map),
+            xShmLock: Some(shm_lock),
+            xShmBarrier: Some(shm_barrier),
+            xShmUnmap: Some(shm_unmap),
+            xFetch: Some(fetch),
+            xUnfetch: Some(unfetch),
+        }
+    };
+}
+
+static WAL_METHODS: ffi::sqlite3_io_methods = io_methods!();
+
+/// The wrapper `T` (a [`WalFile`], or in tests a recorder) SQLite passes to one of its methods.
+///
+/// # Safety
+/// `file` must be a `T` that its `open` wrote and its `close` has not closed: SQLite calls
+/// these methods only on such a file, one call at a time (a file belongs to one connection,
+/// and a connection is used by one thread at a time: rusqlite's `Connection` is not `Sync`).
+unsafe fn wrapper<'a, T>(file: *mut ffi::sqlite3_file) -> &'a mut T {
+    // SAFETY: as the function's contract states.
+    unsafe { &mut *file.cast::<T>() }
+}
+
+/// The methods of the file a wrapper sits over, opened by the `xOpen` below it.
+fn methods_of(inner: *mut ffi::sqlite3_file) -> &'static ffi::sqlite3_io_methods {
+    // SAFETY: a wrapper's `inner` was opened by the `xOpen` below it, which set `pMethods` to
+    // its static methods (`unix`'s, or a test recorder's); it stays open until the wrapper's
+    // `close`.
+    unsafe { &*(*inner).pMethods }
+}
 
 /// The `WalFile` SQLite passes to a method of [`WAL_METHODS`].
 ///
 /// # Safety
-/// `file` must be a file `open` wrapped and `close` has not closed: SQLite calls these methods
-/// only on such a file, one call at a time (a WAL file belongs to one connection, and a
-/// connection is used by one thread at a time: rusqlite's `Connection` is not `Sync`).
+/// See [`wrapper`].
 unsafe fn wal<'a>(file: *mut ffi::sqlite3_file) -> &'a mut WalFile {
     // SAFETY: as the function's contract states.
-    unsafe { &mut *file.cast::<WalFile>() }
+    unsafe { wrapper::<WalFile>(file) }
 }
 
 /// The `unix` file's methods.
-fn methods(w: &WalFile) -> &ffi::sqlite3_io_methods {
-    // SAFETY: `inner` was opened by `unix`'s `xOpen`, which set `pMethods` to its static
-    // methods; it stays open until `close`.
-    unsafe { &*(*w.inner).pMethods }
+fn methods(w: &WalFile) -> &'static ffi::sqlite3_io_methods {
+    methods_of(w.inner)
 }
 
 /// Writes the gathered writes, in one write; forgets them whatever the outcome.
@@ -280,13 +342,14 @@ macro_rules! flushed {
     };
 }
 
-/// Forwards a method to the `unix` file as it is.
+/// Forwards a method of a wrapper (`$wrapper`, with the file below it in `inner`) to the file
+/// below it as it is.
 macro_rules! forwarded {
-    ($name:ident, $method:ident, ($($arg:ident: $ty:ty),*), $default:expr) => {
+    ($wrapper:ty: $name:ident, $method:ident, ($($arg:ident: $ty:ty),*), $default:expr) => {
         unsafe extern "C" fn $name(file: *mut ffi::sqlite3_file $(, $arg: $ty)*) -> c_int {
-            // SAFETY: see `wal`.
-            let w = unsafe { wal(file) };
-            match methods(w).$method {
+            // SAFETY: see `wrapper`.
+            let w = unsafe { wrapper::<$wrapper>(file) };
+            match methods_of(w.inner).$method {
                 // SAFETY: `inner` is open; the arguments are SQLite's, passed on unchanged.
                 Some(f) => unsafe { f(w.inner $(, $arg)*) },
                 None => $default,
@@ -303,13 +366,13 @@ flushed!(lock, xLock, (level: c_int));
 flushed!(unlock, xUnlock, (level: c_int));
 flushed!(file_control, xFileControl, (op: c_int, arg: *mut c_void));
 flushed!(fetch, xFetch, (offset: i64, amount: c_int, pp: *mut *mut c_void));
-forwarded!(check_reserved_lock, xCheckReservedLock, (out: *mut c_int), ffi::SQLITE_MISUSE);
-forwarded!(sector_size, xSectorSize, (), 4096);
-forwarded!(device_characteristics, xDeviceCharacteristics, (), 0);
-forwarded!(shm_map, xShmMap, (page: c_int, size: c_int, extend: c_int, pp: *mut *mut c_void), ffi::SQLITE_IOERR_SHMMAP);
-forwarded!(shm_lock, xShmLock, (offset: c_int, n: c_int, flags: c_int), ffi::SQLITE_IOERR_SHMLOCK);
-forwarded!(shm_unmap, xShmUnmap, (delete: c_int), ffi::SQLITE_OK);
-forwarded!(unfetch, xUnfetch, (offset: i64, p: *mut c_void), ffi::SQLITE_OK);
+forwarded!(WalFile: check_reserved_lock, xCheckReservedLock, (out: *mut c_int), ffi::SQLITE_MISUSE);
+forwarded!(WalFile: sector_size, xSectorSize, (), 4096);
+forwarded!(WalFile: device_characteristics, xDeviceCharacteristics, (), 0);
+forwarded!(WalFile: shm_map, xShmMap, (page: c_int, size: c_int, extend: c_int, pp: *mut *mut c_void), ffi::SQLITE_IOERR_SHMMAP);
+forwarded!(WalFile: shm_lock, xShmLock, (offset: c_int, n: c_int, flags: c_int), ffi::SQLITE_IOERR_SHMLOCK);
+forwarded!(WalFile: shm_unmap, xShmUnmap, (delete: c_int), ffi::SQLITE_OK);
+forwarded!(WalFile: unfetch, xUnfetch, (offset: i64, p: *mut c_void), ffi::SQLITE_OK);
 
 unsafe extern "C" fn shm_barrier(file: *mut ffi::sqlite3_file) {
     // SAFETY: see `wal`.
@@ -340,6 +403,9 @@ unsafe extern "C" fn close(file: *mut ffi::sqlite3_file) -> c_int {
         closed
     }
 }
+
+#[cfg(test)]
+mod power;
 
 #[cfg(test)]
 pub(crate) mod tests {

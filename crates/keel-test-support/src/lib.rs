@@ -7,6 +7,7 @@ pub mod mcp;
 pub mod model_server;
 pub mod priority;
 pub mod rng;
+pub mod runs;
 pub mod service;
 pub mod survey;
 
