@@ -313,6 +313,42 @@ mod tests {
 
     const SECTOR: usize = 512;
 
+    /// A file's bytes after a write or truncate `op` of it (any other op changes nothing).
+    fn apply(bytes: &mut Vec<u8>, op: &Op) {
+        match op {
+            Op::Write { offset, data, .. } => {
+                let end = offset + data.len();
+                if bytes.len() < end {
+                    bytes.resize(end, 0);
+                }
+                bytes[*offset..end].copy_from_slice(data);
+            }
+            Op::Truncate { size, .. } => bytes.resize(*size, 0),
+            Op::Sync { .. } | Op::Ack { .. } | Op::Failed { .. } => {}
+        }
+    }
+
+    impl Journal {
+        /// Each file's name and the bytes the file system holds after all that was recorded.
+        fn written(&self) -> Vec<(std::ffi::OsString, Vec<u8>)> {
+            self.files
+                .iter()
+                .enumerate()
+                .map(|(i, (path, initial))| {
+                    let mut bytes = initial.clone();
+                    for op in &self.ops {
+                        if matches!(op, Op::Write { file, .. } | Op::Truncate { file, .. } if *file == i)
+                        {
+                            apply(&mut bytes, op);
+                        }
+                    }
+                    let name = path.file_name().expect("a file's name").to_owned();
+                    (name, bytes)
+                })
+                .collect()
+        }
+    }
+
     /// One file through the journal: its bytes at its last sync, and after each write or
     /// truncate since (the last is what the file system holds now), with the size each
     /// truncate cut the file to.
@@ -334,28 +370,19 @@ mod tests {
         }
 
         fn apply(&mut self, op: &Op) {
-            let mut next = self.now().clone();
-            let mut truncated = None;
             match op {
-                Op::Write { offset, data, .. } => {
-                    let end = offset + data.len();
-                    if next.len() < end {
-                        next.resize(end, 0);
-                    }
-                    next[*offset..end].copy_from_slice(data);
+                Op::Write { .. } | Op::Truncate { .. } => {
+                    let mut next = self.now().clone();
+                    apply(&mut next, op);
+                    self.bytes.push(next);
+                    self.truncated.push(match op {
+                        Op::Truncate { size, .. } => Some(*size),
+                        _ => None,
+                    });
                 }
-                Op::Truncate { size, .. } => {
-                    next.resize(*size, 0);
-                    truncated = Some(*size);
-                }
-                Op::Sync { .. } => {
-                    *self = Versions::new(next);
-                    return;
-                }
-                Op::Ack { .. } | Op::Failed { .. } => return,
+                Op::Sync { .. } => *self = Versions::new(self.now().clone()),
+                Op::Ack { .. } | Op::Failed { .. } => {}
             }
-            self.bytes.push(next);
-            self.truncated.push(truncated);
         }
 
         /// The file after a power cut now. `how`: 0 every write since the sync reached the disk
@@ -739,10 +766,20 @@ mod tests {
                 "seed {seed}: write, truncate or sync {fail_at} of {asked} failed a commit's, \
                  and {failed} commits failed"
             );
-            if let Err(problem) = check(&db, &plan, &acked) {
-                panic!(
-                    "seed {seed}: write, truncate or sync {fail_at} of {asked} failed: {problem}"
-                );
+            // The store as the process left it had it died right after the scenario, and as
+            // its connections left it once they closed (the last one checkpoints the WAL into
+            // the database and removes it).
+            let died = tempfile::tempdir().unwrap();
+            for (name, bytes) in journal.written() {
+                std::fs::write(died.path().join(name), bytes).unwrap();
+            }
+            for (how, db) in [("died", &died.path().join("keel.db")), ("closed", &db)] {
+                if let Err(problem) = check(db, &plan, &acked) {
+                    panic!(
+                        "seed {seed}: write, truncate or sync {fail_at} of {asked} failed, \
+                         the process {how}: {problem}"
+                    );
+                }
             }
         }
         (asked, failed_commits)
