@@ -37,7 +37,9 @@ use super::{OpenFn, methods_of, wrapper};
 struct RecFile {
     base: ffi::sqlite3_file,
     inner: *mut ffi::sqlite3_file,
-    /// The file's index in the journal's `files`.
+    /// The journal the file was opened in, and the file's index in its `files`: a file left
+    /// open from an earlier journal is not recorded in a later one.
+    journal: u64,
     file: usize,
 }
 
@@ -80,6 +82,8 @@ enum Failure {
 
 #[derive(Debug, Default)]
 struct Journal {
+    /// This journal among the thread's: see [`RecFile`].
+    id: u64,
     /// Each file's path and its bytes when it was first opened (empty if it did not exist),
     /// taken as on the disk.
     files: Vec<(PathBuf, Vec<u8>)>,
@@ -90,6 +94,9 @@ struct Journal {
     asked: usize,
 }
 
+/// Journals made so far, in any thread: each has its own number.
+static JOURNALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 thread_local! {
     static JOURNAL: RefCell<Option<Journal>> = const { RefCell::new(None) };
 }
@@ -99,28 +106,28 @@ pub(super) fn recording() -> bool {
     JOURNAL.with(|j| j.borrow().is_some())
 }
 
-fn note(op: Op) {
-    JOURNAL.with(|j| {
-        if let Some(j) = j.borrow_mut().as_mut() {
-            j.ops.push(op);
-        }
-    });
+/// The journal a file was opened in, if it is still recording.
+fn journal_of<T>(r: &RecFile, f: impl FnOnce(&mut Journal) -> T) -> Option<T> {
+    JOURNAL.with(|j| j.borrow_mut().as_mut().filter(|j| j.id == r.journal).map(f))
 }
 
-/// Whether the write, truncate or sync of `file` asked for now is the one that fails (and its
+fn note(r: &RecFile, op: Op) {
+    journal_of(r, |j| j.ops.push(op));
+}
+
+/// Whether the write, truncate or sync of `r` asked for now is the one that fails (and its
 /// number); a failure is noted.
-fn fails(file: usize, what: Failure) -> Option<usize> {
-    JOURNAL.with(|j| {
-        let mut j = j.borrow_mut();
-        let j = j.as_mut()?;
+fn fails(r: &RecFile, what: Failure) -> Option<usize> {
+    journal_of(r, |j| {
         let n = j.asked;
         j.asked += 1;
         let fails = j.fail_at == Some(n);
         if fails {
-            j.ops.push(Op::Failed { file, what });
+            j.ops.push(Op::Failed { file: r.file, what });
         }
         fails.then_some(n)
     })
+    .flatten()
 }
 
 /// Opens a recorder over a `unix` file at `file`.
@@ -155,21 +162,26 @@ pub(super) unsafe fn open(
         if rc != ffi::SQLITE_OK {
             return rc;
         }
-        let index = JOURNAL.with(|j| {
-            let mut j = j.borrow_mut();
-            let j = j.get_or_insert_with(Journal::default);
-            match j.files.iter().position(|(p, _)| *p == path) {
-                Some(i) => i,
-                None => {
-                    let bytes = std::fs::read(&path).unwrap_or_default();
-                    j.files.push((path, bytes));
-                    j.files.len() - 1
-                }
-            }
-        });
+        // The caller saw this thread recording; were it not, the file is left out.
+        let (journal, index) = JOURNAL
+            .with(|j| {
+                let mut j = j.borrow_mut();
+                let j = j.as_mut()?;
+                let index = match j.files.iter().position(|(p, _)| *p == path) {
+                    Some(i) => i,
+                    None => {
+                        let bytes = std::fs::read(&path).unwrap_or_default();
+                        j.files.push((path, bytes));
+                        j.files.len() - 1
+                    }
+                };
+                Some((j.id, index))
+            })
+            .unwrap_or((u64::MAX, 0));
         file.cast::<RecFile>().write(RecFile {
             base: ffi::sqlite3_file { pMethods: &METHODS },
             inner,
+            journal,
             file: index,
         });
     }
@@ -189,7 +201,7 @@ unsafe extern "C" fn write(
     let Some(f) = methods_of(r.inner).xWrite else {
         return ffi::SQLITE_IOERR_WRITE;
     };
-    if let Some(n) = fails(r.file, Failure::Write) {
+    if let Some(n) = fails(r, Failure::Write) {
         // Half the failed writes find the disk full, half a failing device.
         return if n % 2 == 0 {
             ffi::SQLITE_FULL
@@ -208,11 +220,14 @@ unsafe extern "C" fn write(
             // SAFETY: SQLite passes `amount` readable bytes at `data` for the call's length.
             unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) }.to_vec()
         };
-        note(Op::Write {
-            file: r.file,
-            offset,
-            data,
-        });
+        note(
+            r,
+            Op::Write {
+                file: r.file,
+                offset,
+                data,
+            },
+        );
     }
     rc
 }
@@ -223,13 +238,13 @@ unsafe extern "C" fn truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_int 
     let Some(f) = methods_of(r.inner).xTruncate else {
         return ffi::SQLITE_IOERR_TRUNCATE;
     };
-    if fails(r.file, Failure::Truncate).is_some() {
+    if fails(r, Failure::Truncate).is_some() {
         return ffi::SQLITE_IOERR_TRUNCATE;
     }
     // SAFETY: `inner` is open.
     let rc = unsafe { f(r.inner, size) };
     if let (ffi::SQLITE_OK, Ok(size)) = (rc, usize::try_from(size)) {
-        note(Op::Truncate { file: r.file, size });
+        note(r, Op::Truncate { file: r.file, size });
     }
     rc
 }
@@ -237,17 +252,20 @@ unsafe extern "C" fn truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_int 
 unsafe extern "C" fn sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     // SAFETY: see `wrapper`.
     let r = unsafe { wrapper::<RecFile>(file) };
-    let Some(f) = methods_of(r.inner).xSync else {
-        return ffi::SQLITE_IOERR_FSYNC;
-    };
-    if fails(r.file, Failure::Sync).is_some() {
+    if fails(r, Failure::Sync).is_some() {
         return ffi::SQLITE_IOERR_FSYNC;
     }
     // What a sync makes durable is the journal's to say (a power cut is simulated, never
-    // real), so the file system is not asked to: the tests run at the speed of memory.
-    let _ = (f, flags);
-    note(Op::Sync { file: r.file });
-    ffi::SQLITE_OK
+    // real), so the file system is not asked to while it records: the tests run at the speed
+    // of memory.
+    if journal_of(r, |j| j.ops.push(Op::Sync { file: r.file })).is_some() {
+        return ffi::SQLITE_OK;
+    }
+    match methods_of(r.inner).xSync {
+        // SAFETY: `inner` is open.
+        Some(f) => unsafe { f(r.inner, flags) },
+        None => ffi::SQLITE_IOERR_FSYNC,
+    }
 }
 
 unsafe extern "C" fn close(file: *mut ffi::sqlite3_file) -> c_int {
@@ -300,10 +318,16 @@ mod tests {
     fn record(fail_at: Option<usize>) {
         JOURNAL.with(|j| {
             *j.borrow_mut() = Some(Journal {
+                id: JOURNALS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
                 fail_at,
                 ..Journal::default()
-            })
+            });
         });
+    }
+
+    /// Notes one of the test's own marks.
+    fn mark(op: Op) {
+        JOURNAL.with(|j| j.borrow_mut().as_mut().map(|j| j.ops.push(op)));
     }
 
     /// Stops recording and returns what was recorded.
@@ -522,7 +546,7 @@ mod tests {
             let (e, run) = &p.commits[0];
             match store.create_run(&e[0], run, "me", 0, 1_000_000) {
                 Ok(lease) => {
-                    note(Op::Ack { run: i, commit: 0 });
+                    mark(Op::Ack { run: i, commit: 0 });
                     leases.push(Some(lease));
                     next.push(1);
                 }
@@ -541,7 +565,7 @@ mod tests {
             };
             match store.commit(lease, events, run, None, 1_000_000) {
                 Ok(()) => {
-                    note(Op::Ack {
+                    mark(Op::Ack {
                         run: i,
                         commit: next[i],
                     });
