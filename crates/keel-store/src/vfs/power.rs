@@ -15,7 +15,10 @@
 //! they make durable is the model's to say.
 //!
 //! The tests replay a scenario of run creations, commits of events small and large (across
-//! several pages) and checkpoints. One cuts the power after every operation in several ways;
+//! several pages) and checkpoints. One cuts the power after every operation in several ways,
+//! and now and then again while the store reads the files back (its WAL recovery, the
+//! checkpoint as it closes; a removed WAL counts as still there, as after a removal the power
+//! cut before it reached the disk);
 //! the other fails each write (the disk full, or the device failing), truncate and sync in
 //! turn, one a replay, and lets the scenario go on as keel does (the run whose commit failed
 //! stops, the others go on in the same store). Both check that the store read back holds every
@@ -595,13 +598,41 @@ mod tests {
 
     /// What is wrong with the store at `db` read back after a power cut, given the last
     /// commit of each run acknowledged before it.
-    fn check(db: &Path, plan: &[Planned], acked: &[Option<usize>]) -> Result<(), String> {
-        // Recorded, so that the reading store's syncs (of its recovery, of its checkpoint
-        // as it closes) cost nothing; what it records is not looked at.
+    /// Returns what the reading store did to the files (its recovery, its checkpoint as it
+    /// closed), recorded: its syncs cost nothing, and a power cut can fall in the middle.
+    fn check(db: &Path, plan: &[Planned], acked: &[Option<usize>]) -> Result<Journal, String> {
         record(None);
         let found = check_store(db, plan, acked);
-        stop();
-        found
+        let journal = stop();
+        found.map(|()| journal)
+    }
+
+    /// The files after a power cut after the first `at` operations of `journal`, cut `how`
+    /// (see [`Versions::after_cut`]), each with its name.
+    fn cut(
+        journal: &Journal,
+        at: usize,
+        how: u8,
+        rng: &mut SplitMix,
+    ) -> Vec<(std::ffi::OsString, Vec<u8>)> {
+        let mut files: Vec<Versions> = journal
+            .files
+            .iter()
+            .map(|(_, bytes)| Versions::new(bytes.clone()))
+            .collect();
+        for op in &journal.ops[..at] {
+            if let Op::Write { file, .. } | Op::Truncate { file, .. } | Op::Sync { file } = op {
+                files[*file].apply(op);
+            }
+        }
+        files
+            .iter()
+            .zip(&journal.files)
+            .map(|(versions, (path, _))| {
+                let name = path.file_name().expect("a file's name").to_owned();
+                (name, versions.after_cut(how, rng))
+            })
+            .collect()
     }
 
     fn check_store(db: &Path, plan: &[Planned], acked: &[Option<usize>]) -> Result<(), String> {
@@ -705,18 +736,38 @@ mod tests {
                     std::fs::write(dir.path().join(name), versions.after_cut(how, &mut rng))
                         .unwrap();
                 }
-                if let Err(problem) = check(&dir.path().join("keel.db"), &plan, &acked) {
-                    panic!(
-                        "seed {seed}: power cut after {at} operations of {} (way {how}: {}): {problem}",
-                        journal.ops.len(),
-                        [
-                            "every write reached the disk",
-                            "none since each file's sync did",
-                            "some did"
-                        ][how as usize]
-                    );
-                }
+                let ways = [
+                    "every write reached the disk",
+                    "none since each file's sync did",
+                    "some did",
+                ];
+                let at_cut = format!(
+                    "seed {seed}: power cut after {at} operations of {} (way {how}: {})",
+                    journal.ops.len(),
+                    ways[how as usize]
+                );
+                let recovery = check(&dir.path().join("keel.db"), &plan, &acked)
+                    .unwrap_or_else(|problem| panic!("{at_cut}: {problem}"));
                 cuts += 1;
+                // Now and then the power goes again while the store reads the files back
+                // (recovers the WAL, checkpoints it as it closes), from the same files.
+                if rng.chance(25) && !recovery.ops.is_empty() {
+                    let again = rng.below(recovery.ops.len() as u64 + 1) as usize;
+                    let how_again = rng.below(3) as u8;
+                    let dir = tempfile::tempdir().unwrap();
+                    for (name, bytes) in cut(&recovery, again, how_again, &mut rng) {
+                        std::fs::write(dir.path().join(name), bytes).unwrap();
+                    }
+                    if let Err(problem) = check(&dir.path().join("keel.db"), &plan, &acked) {
+                        panic!(
+                            "{at_cut}, and again after {again} operations of {} of the store's \
+                             reading it back (way {how_again}: {}): {problem}",
+                            recovery.ops.len(),
+                            ways[how_again as usize]
+                        );
+                    }
+                    cuts += 1;
+                }
             }
             match journal.ops.get(at) {
                 Some(Op::Ack { run, commit }) => acked[*run] = Some(*commit),
