@@ -81,7 +81,7 @@ impl Artifacts {
             return Ok(());
         }
         let parent = target.parent().unwrap_or(&self.dir).to_path_buf();
-        fs::create_dir_all(&parent).map_err(|e| StoreError::io(&parent, e))?;
+        crate::dirs::create_synced(&parent).map_err(|e| StoreError::io(&parent, e))?;
         // Unique per write, not only per process: two threads storing the same bytes at once
         // must not share a temporary file (the second rename would find it gone).
         static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -96,7 +96,7 @@ impl Artifacts {
             }
             file.sync_all()?;
             fs::rename(&tmp, &target)?;
-            File::open(&parent)?.sync_all()
+            crate::dirs::sync(&parent)
         })();
         if result.is_err() {
             let _ = fs::remove_file(&tmp);

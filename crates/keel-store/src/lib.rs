@@ -11,6 +11,7 @@
 mod artifacts;
 mod batch;
 mod blob;
+mod dirs;
 mod fault;
 pub mod log;
 mod schema;
@@ -319,10 +320,15 @@ impl Store {
     /// Opens (creating if needed) the store at `path`; artifacts go to `artifacts/` beside it.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| StoreError::io(parent, e))?;
+            dirs::create_synced(parent).map_err(|e| StoreError::io(parent, e))?;
         }
+        let new = std::fs::symlink_metadata(path).is_err();
         let conn = connect(path)?;
         schema::migrate(&conn, path)?;
+        if new {
+            // SQLite syncs the file, not its name (see `dirs`).
+            dirs::sync_holder(path).map_err(|e| StoreError::io(path, e))?;
+        }
         let dir = path.parent().unwrap_or(Path::new(".")).join("artifacts");
         Ok(Store {
             conn,
