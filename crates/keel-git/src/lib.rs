@@ -57,6 +57,9 @@ pub struct Git {
     index_file: PathBuf,
     /// Paths relative to `root`, normalised, that keel's own files live in.
     excludes: Vec<String>,
+    /// Syncs of the repository's file system asked for by snapshots (see `snapshot`), shared
+    /// by this value's clones.
+    syncs: std::sync::Arc<AtomicU64>,
 }
 
 /// The size of the change between two trees.
@@ -119,6 +122,7 @@ impl Git {
                 git_dir: known.git_dir,
                 index_file: known.index_file,
                 excludes: Vec::new(),
+                syncs: Default::default(),
             };
             remove_orphaned_indexes(&git.git_dir);
             Some(git.with_excludes(exclude))
@@ -174,6 +178,7 @@ impl Git {
             git_dir: PathBuf::from(git_dir),
             index_file: workdir.join(index_file),
             excludes: Vec::new(),
+            syncs: Default::default(),
         };
         if let Some(canonical) = &canonical {
             opened::keep(
@@ -399,13 +404,39 @@ impl Git {
                     return Err(commit_tree.unexpected("a commit id", commit));
                 }
                 self.update_ref(refname, &commit)?;
+                self.sync_snapshot()?;
                 return Ok(commit);
             }
         };
         if !object::write_ref(&self.git_dir, refname, &commit) {
             self.update_ref(refname, &commit)?;
         }
+        if parent != Some(commit.as_str()) {
+            self.sync_snapshot()?;
+        }
         Ok(commit)
+    }
+
+    /// Puts a new snapshot on the disk: its commit, the trees and blobs `git add` and
+    /// `write-tree` wrote for it (git syncs no loose object by default) and its ref, so that
+    /// the checkpoint event that names it, synced with the store, never outlives it after a
+    /// power cut. One `syncfs` of the repository's file system, made only when a snapshot
+    /// wrote a commit: a snapshot of an unchanged tree is its parent, already the user's.
+    fn sync_snapshot(&self) -> Result<(), GitError> {
+        let io = |source| GitError::Io {
+            action: "sync the snapshot's objects to the disk in",
+            path: self.git_dir.clone(),
+            source,
+        };
+        let dir = fs::File::open(&self.git_dir).map_err(io)?;
+        nix::unistd::syncfs(&dir).map_err(|errno| io(std::io::Error::from(errno)))?;
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The syncs [`Git::snapshot`] has asked for through this value or its clones.
+    pub fn snapshot_syncs(&self) -> u64 {
+        self.syncs.load(Ordering::Relaxed)
     }
 
     /// The snapshot commit of `tree`, written by keel itself; `None` when git must write it:

@@ -407,3 +407,31 @@ fn a_snapshot_of_its_parents_own_tree_is_the_parent_and_writes_no_object() {
         changed
     );
 }
+
+#[test]
+fn a_snapshot_that_writes_a_commit_syncs_it_to_the_disk_and_one_of_an_unchanged_tree_does_not() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    let git = repo.open(&[]);
+    let head = git.head().unwrap().unwrap();
+    let clean = git.worktree_tree().unwrap();
+    let same = git
+        .snapshot(&clean, Some(&head), "unchanged", "refs/keel/r/0")
+        .unwrap();
+    assert_eq!(same, head, "an unchanged tree's snapshot is its parent");
+    assert_eq!(git.snapshot_syncs(), 0, "nothing new to put on the disk");
+
+    repo.write("a.txt", "changed\n");
+    let tree = git.worktree_tree().unwrap();
+    let commit = git
+        .snapshot(&tree, Some(&head), "changed", "refs/keel/r/1")
+        .unwrap();
+    assert_ne!(commit, head);
+    assert_eq!(
+        git.snapshot_syncs(),
+        1,
+        "the new commit and its objects are synced"
+    );
+    // A root snapshot is a new commit too.
+    git.snapshot(&tree, None, "root", "refs/keel/r/2").unwrap();
+    assert_eq!(git.clone().snapshot_syncs(), 2, "clones share the count");
+}
