@@ -248,20 +248,6 @@ fn methods_of(inner: *mut ffi::sqlite3_file) -> &'static ffi::sqlite3_io_methods
     unsafe { &*(*inner).pMethods }
 }
 
-/// The `WalFile` SQLite passes to a method of [`WAL_METHODS`].
-///
-/// # Safety
-/// See [`wrapper`].
-unsafe fn wal<'a>(file: *mut ffi::sqlite3_file) -> &'a mut WalFile {
-    // SAFETY: as the function's contract states.
-    unsafe { wrapper::<WalFile>(file) }
-}
-
-/// The `unix` file's methods.
-fn methods(w: &WalFile) -> &'static ffi::sqlite3_io_methods {
-    methods_of(w.inner)
-}
-
 /// Writes the gathered writes, in one write; forgets them whatever the outcome.
 fn flush(w: &mut WalFile) -> c_int {
     if w.buf.is_empty() {
@@ -273,7 +259,7 @@ fn flush(w: &mut WalFile) -> c_int {
         w.commit_header = false;
         return ffi::SQLITE_IOERR_WRITE;
     }
-    let rc = match (methods(w).xWrite, c_int::try_from(w.buf.len())) {
+    let rc = match (methods_of(w.inner).xWrite, c_int::try_from(w.buf.len())) {
         // SAFETY: `inner` is open; the buffer is valid for its length during the call.
         (Some(write), Ok(n)) => unsafe { write(w.inner, w.buf.as_ptr().cast(), n, w.at) },
         _ => ffi::SQLITE_IOERR_WRITE,
@@ -291,8 +277,8 @@ unsafe extern "C" fn write(
     amount: c_int,
     offset: i64,
 ) -> c_int {
-    // SAFETY: see `wal`.
-    let w = unsafe { wal(file) };
+    // SAFETY: see `wrapper`.
+    let w = unsafe { wrapper::<WalFile>(file) };
     let Ok(len) = usize::try_from(amount) else {
         return ffi::SQLITE_IOERR_WRITE;
     };
@@ -327,13 +313,13 @@ unsafe extern "C" fn write(
 macro_rules! flushed {
     ($name:ident, $method:ident, ($($arg:ident: $ty:ty),*)) => {
         unsafe extern "C" fn $name(file: *mut ffi::sqlite3_file $(, $arg: $ty)*) -> c_int {
-            // SAFETY: see `wal`.
-            let w = unsafe { wal(file) };
+            // SAFETY: see `wrapper`.
+            let w = unsafe { wrapper::<WalFile>(file) };
             let rc = flush(w);
             if rc != ffi::SQLITE_OK {
                 return rc;
             }
-            match methods(w).$method {
+            match methods_of(w.inner).$method {
                 // SAFETY: `inner` is open; the arguments are SQLite's, passed on unchanged.
                 Some(f) => unsafe { f(w.inner $(, $arg)*) },
                 None => ffi::SQLITE_MISUSE,
@@ -375,9 +361,9 @@ forwarded!(WalFile: shm_unmap, xShmUnmap, (delete: c_int), ffi::SQLITE_OK);
 forwarded!(WalFile: unfetch, xUnfetch, (offset: i64, p: *mut c_void), ffi::SQLITE_OK);
 
 unsafe extern "C" fn shm_barrier(file: *mut ffi::sqlite3_file) {
-    // SAFETY: see `wal`.
-    let w = unsafe { wal(file) };
-    if let Some(f) = methods(w).xShmBarrier {
+    // SAFETY: see `wrapper`.
+    let w = unsafe { wrapper::<WalFile>(file) };
+    if let Some(f) = methods_of(w.inner).xShmBarrier {
         // SAFETY: `inner` is open.
         unsafe { f(w.inner) }
     }
@@ -385,10 +371,10 @@ unsafe extern "C" fn shm_barrier(file: *mut ffi::sqlite3_file) {
 
 /// `xClose`: writes what is gathered, closes the `unix` file and drops this VFS's state.
 unsafe extern "C" fn close(file: *mut ffi::sqlite3_file) -> c_int {
-    // SAFETY: see `wal`. This is the file's last call: its state is dropped here, once.
-    let w = unsafe { wal(file) };
+    // SAFETY: see `wrapper`. This is the file's last call: its state is dropped here, once.
+    let w = unsafe { wrapper::<WalFile>(file) };
     let flushed = flush(w);
-    let closed = match methods(w).xClose {
+    let closed = match methods_of(w.inner).xClose {
         // SAFETY: `inner` is open; SQLite does not use it again.
         Some(f) => unsafe { f(w.inner) },
         None => ffi::SQLITE_OK,

@@ -340,42 +340,6 @@ mod tests {
 
     const SECTOR: usize = 512;
 
-    /// A file's bytes after a write or truncate `op` of it (any other op changes nothing).
-    fn apply(bytes: &mut Vec<u8>, op: &Op) {
-        match op {
-            Op::Write { offset, data, .. } => {
-                let end = offset + data.len();
-                if bytes.len() < end {
-                    bytes.resize(end, 0);
-                }
-                bytes[*offset..end].copy_from_slice(data);
-            }
-            Op::Truncate { size, .. } => bytes.resize(*size, 0),
-            Op::Sync { .. } | Op::Ack { .. } | Op::Failed { .. } => {}
-        }
-    }
-
-    impl Journal {
-        /// Each file's name and the bytes the file system holds after all that was recorded.
-        fn written(&self) -> Vec<(std::ffi::OsString, Vec<u8>)> {
-            self.files
-                .iter()
-                .enumerate()
-                .map(|(i, (path, initial))| {
-                    let mut bytes = initial.clone();
-                    for op in &self.ops {
-                        if matches!(op, Op::Write { file, .. } | Op::Truncate { file, .. } if *file == i)
-                        {
-                            apply(&mut bytes, op);
-                        }
-                    }
-                    let name = path.file_name().expect("a file's name").to_owned();
-                    (name, bytes)
-                })
-                .collect()
-        }
-    }
-
     /// One file through the journal: its bytes at its last sync, and after each write or
     /// truncate since (the last is what the file system holds now), with the size each
     /// truncate cut the file to.
@@ -398,14 +362,21 @@ mod tests {
 
         fn apply(&mut self, op: &Op) {
             match op {
-                Op::Write { .. } | Op::Truncate { .. } => {
+                Op::Write { offset, data, .. } => {
                     let mut next = self.now().clone();
-                    apply(&mut next, op);
+                    let end = offset + data.len();
+                    if next.len() < end {
+                        next.resize(end, 0);
+                    }
+                    next[*offset..end].copy_from_slice(data);
                     self.bytes.push(next);
-                    self.truncated.push(match op {
-                        Op::Truncate { size, .. } => Some(*size),
-                        _ => None,
-                    });
+                    self.truncated.push(None);
+                }
+                Op::Truncate { size, .. } => {
+                    let mut next = self.now().clone();
+                    next.resize(*size, 0);
+                    self.bytes.push(next);
+                    self.truncated.push(Some(*size));
                 }
                 Op::Sync { .. } => *self = Versions::new(self.now().clone()),
                 Op::Ack { .. } | Op::Failed { .. } => {}
@@ -845,7 +816,7 @@ mod tests {
             // its connections left it once they closed (the last one checkpoints the WAL into
             // the database and removes it).
             let died = tempfile::tempdir().unwrap();
-            for (name, bytes) in journal.written() {
+            for (name, bytes) in cut(&journal, journal.ops.len(), 0, &mut rng.clone()) {
                 std::fs::write(died.path().join(name), bytes).unwrap();
             }
             for (how, db) in [("died", &died.path().join("keel.db")), ("closed", &db)] {
