@@ -57,8 +57,8 @@ pub struct Git {
     index_file: PathBuf,
     /// Paths relative to `root`, normalised, that keel's own files live in.
     excludes: Vec<String>,
-    /// Syncs of the repository's file system asked for by snapshots (see `snapshot`), shared
-    /// by this value's clones.
+    /// Syncs of the repository's file system asked for by new trees and snapshots (see
+    /// `sync_objects`), shared by this value's clones.
     syncs: std::sync::Arc<AtomicU64>,
 }
 
@@ -269,7 +269,8 @@ impl Git {
     ///
     /// When nothing the last tree was built from has changed since (proven by a survey of the
     /// working tree's stamps, see `treecache`), that tree is the answer and no git process
-    /// starts.
+    /// starts. A tree git builds is synced to the disk before it is returned (see
+    /// `sync_objects`).
     pub fn worktree_tree_and_head(&self) -> Result<(String, Option<String>), GitError> {
         let facts = self.tree_facts()?;
         let surveyor = facts.as_deref().map(|facts| treecache::Surveyor {
@@ -336,7 +337,9 @@ impl Git {
             add = add.arg(format!(":(exclude,top,literal){exclude}"));
         }
         add.run()?;
-        Ok((self.write_tree(&index)?, head))
+        let tree = self.write_tree(&index)?;
+        self.sync_objects("sync the working tree's new objects to the disk in")?;
+        Ok((tree, head))
     }
 
     /// Creates a commit of `tree` (with parent `parent` if given) with `message`, and points
@@ -404,7 +407,7 @@ impl Git {
                     return Err(commit_tree.unexpected("a commit id", commit));
                 }
                 self.update_ref(refname, &commit)?;
-                self.sync_snapshot()?;
+                self.sync_objects("sync the snapshot's objects to the disk in")?;
                 return Ok(commit);
             }
         };
@@ -412,19 +415,23 @@ impl Git {
             self.update_ref(refname, &commit)?;
         }
         if parent != Some(commit.as_str()) {
-            self.sync_snapshot()?;
+            self.sync_objects("sync the snapshot's objects to the disk in")?;
         }
         Ok(commit)
     }
 
-    /// Puts a new snapshot on the disk: its commit, the trees and blobs `git add` and
-    /// `write-tree` wrote for it (git syncs no loose object by default) and its ref, so that
-    /// the checkpoint event that names it, synced with the store, never outlives it after a
-    /// power cut. One `syncfs` of the repository's file system, made only when a snapshot
-    /// wrote a commit: a snapshot of an unchanged tree is its parent, already the user's.
-    fn sync_snapshot(&self) -> Result<(), GitError> {
+    /// Puts the objects keel had git write on the disk: a new working-tree tree's trees and
+    /// blobs (`git add` and `write-tree`), a snapshot's commit and its ref. git syncs no loose
+    /// object by default, and keel's events name these (a step's starting tree, which rollback
+    /// and resume restore; a checkpoint's snapshot): an event synced with the store must never
+    /// outlive the objects it names after a power cut. One `syncfs` of the repository's file
+    /// system, which also writes out whatever else on it is dirty (a build's output in the
+    /// working tree): made only when git built a tree or a snapshot wrote a commit, never for a
+    /// tree proven unchanged (see `treecache`) or a snapshot of an unchanged tree.
+    /// `action` says which, in the error.
+    fn sync_objects(&self, action: &'static str) -> Result<(), GitError> {
         let io = |source| GitError::Io {
-            action: "sync the snapshot's objects to the disk in",
+            action,
             path: self.git_dir.clone(),
             source,
         };
@@ -434,8 +441,9 @@ impl Git {
         Ok(())
     }
 
-    /// The syncs [`Git::snapshot`] has asked for through this value or its clones.
-    pub fn snapshot_syncs(&self) -> u64 {
+    /// The syncs new working-tree trees and snapshots have asked for through this value or its
+    /// clones (see [`Git::worktree_tree`] and [`Git::snapshot`]).
+    pub fn object_syncs(&self) -> u64 {
         self.syncs.load(Ordering::Relaxed)
     }
 

@@ -96,6 +96,36 @@ fn an_unchanged_working_tree_is_answered_without_a_process() {
 }
 
 #[test]
+fn a_tree_git_builds_is_synced_to_the_disk_and_a_kept_one_is_not() {
+    let _serial = one_at_a_time();
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    repo.write("b.txt", "b\n");
+    let git = repo.open(&[]);
+    settle(&repo);
+    let (tree, started) = asked(&git);
+    assert!(started > 0, "built by git");
+    assert_eq!(
+        git.object_syncs(),
+        1,
+        "its new blob and tree are put on the disk before a step's event can name them"
+    );
+    let (again, started) = asked(&git);
+    assert_eq!((again.as_str(), started), (tree.as_str(), 0));
+    assert_eq!(
+        git.object_syncs(),
+        1,
+        "a tree proven unchanged writes nothing"
+    );
+
+    repo.write("b.txt", "changed\n");
+    settle(&repo);
+    let (changed, started) = asked(&git);
+    assert!(started > 0);
+    assert_ne!(changed, tree);
+    assert_eq!(git.clone().object_syncs(), 2, "clones share the count");
+}
+
+#[test]
 fn every_kind_of_change_is_seen_and_then_kept() {
     let _serial = one_at_a_time();
     let outside = tempfile::tempdir().unwrap();
