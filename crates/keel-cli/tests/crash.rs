@@ -371,3 +371,34 @@ fn killed_from_outside_at_arbitrary_instants_the_run_completes() {
         sc.check_final(&id);
     }
 }
+
+/// `git gc` prunes the loose objects nothing names once they are two weeks old (here all of
+/// them, `--prune=now`), and the tree a step starts from is named by nothing of the user's. keel
+/// pins it (`refs/keel/<run>/pinned/step`), so a run killed after a command changed the
+/// working tree and resumed after such a gc still puts the interrupted step back, and ends as
+/// the uninterrupted run does.
+#[test]
+fn killed_after_a_command_and_resumed_after_git_gc_the_interrupted_step_is_still_put_back() {
+    let outside = tempfile::tempdir().unwrap();
+    let points = common::fault_points(&contract(&outside.path().join("marker")));
+    let commands = points.iter().filter(|p| *p == "command ended").count();
+    assert_eq!(commands, 5, "{points:?}");
+    for k in 1..=commands {
+        let sc = Scenario::new();
+        let n = common::nth_point(&points, "command ended", k) as u64 + 1;
+        let id = common::killed_at(&sc.fx, n);
+        let gc = std::process::Command::new("git")
+            .arg("-C")
+            .arg(sc.fx.root())
+            .args(["gc", "--quiet", "--prune=now"])
+            .output()
+            .unwrap();
+        assert!(
+            gc.status.success(),
+            "{}",
+            String::from_utf8_lossy(&gc.stderr)
+        );
+        sc.resume_after_kill(&id, &format!("command {k}, after git gc"));
+        sc.check_final(&id);
+    }
+}

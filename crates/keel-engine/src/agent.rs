@@ -156,6 +156,8 @@ impl Engine<'_> {
                 command: format!("agent step {}", id.index + 1),
                 agent: true,
             });
+            let pre_tree = self.run.fingerprint.tree.clone();
+            self.pin_tree("step", &pre_tree)?;
             // Stored with whatever the step does first outside keel, or with its end.
             self.stage(bodies)?;
             self.fresh_step = Some(id);
@@ -421,6 +423,9 @@ impl Engine<'_> {
             Decision::Allow if effectful => Some(self.env.git.worktree_tree()?),
             _ => None,
         };
+        if let Some(tree) = &pre_tree {
+            self.pin_tree("call", tree)?;
+        }
         let error_fingerprint = (verdict.decision == Decision::Deny).then(|| {
             error_fingerprint(&format!("policy {}", call.name), "denied", &verdict.rule).0
         });

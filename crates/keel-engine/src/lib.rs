@@ -1647,6 +1647,8 @@ impl Engine<'_> {
             command: command.clone(),
             agent: false,
         });
+        let pre_tree = self.run.fingerprint.tree.clone();
+        self.pin_tree("step", &pre_tree)?;
         self.commit(bodies)?;
         self.observer.progress(
             &self.run,
@@ -1657,7 +1659,6 @@ impl Engine<'_> {
                 command: &command,
             },
         );
-        let pre_tree = self.run.fingerprint.tree.clone();
         // A step may not outlast the run's wall-time budget.
         let mut timeout = Duration::from_millis(timeout_ms);
         if let Some(limit) = self.run.limits.get(BudgetName::WallTime) {
@@ -1788,6 +1789,18 @@ impl Engine<'_> {
             restored,
             saved_ref,
         }])
+    }
+
+    /// Keeps `tree`, which the run may have to put the working tree back to (what the step or
+    /// call starting now starts from: `which`), from git's garbage collection until the next
+    /// step or call is pinned in its place (see `Git::pin`): a run resumed weeks after a crash
+    /// still finds it.
+    fn pin_tree(&self, which: &str, tree: &str) -> Result<(), EngineError> {
+        if tree.is_empty() {
+            return Ok(());
+        }
+        let refname = format!("refs/keel/{}/pinned/{which}", self.run.id);
+        Ok(self.env.git.pin(&refname, tree)?)
     }
 
     /// Puts the working tree back to `target`, what it was before something a crash

@@ -60,6 +60,16 @@ pub struct Git {
     /// Syncs of the repository's file system asked for by new trees and snapshots (see
     /// `sync_objects`), shared by this value's clones.
     syncs: std::sync::Arc<AtomicU64>,
+    /// What [`Git::pin`] knows is kept, shared by this value's clones.
+    pins: std::sync::Arc<std::sync::Mutex<Pins>>,
+}
+
+/// Objects that git's garbage collection keeps for keel: what each pin ref points at, and the
+/// trees of the snapshots this value wrote (their refs keep them).
+#[derive(Debug, Default)]
+struct Pins {
+    refs: std::collections::HashMap<String, String>,
+    snapshot_trees: std::collections::HashSet<String>,
 }
 
 /// The size of the change between two trees.
@@ -123,6 +133,7 @@ impl Git {
                 index_file: known.index_file,
                 excludes: Vec::new(),
                 syncs: Default::default(),
+                pins: Default::default(),
             };
             remove_orphaned_indexes(&git.git_dir);
             Some(git.with_excludes(exclude))
@@ -179,6 +190,7 @@ impl Git {
             index_file: workdir.join(index_file),
             excludes: Vec::new(),
             syncs: Default::default(),
+            pins: Default::default(),
         };
         if let Some(canonical) = &canonical {
             opened::keep(
@@ -352,7 +364,25 @@ impl Git {
     ///
     /// `refname` must be a full ref name under `refs/` and not the checked-out branch: a
     /// snapshot never moves the user's HEAD or branch.
+    ///
+    /// The tree is then kept by the ref: [`Git::pin`] need not pin it again.
     pub fn snapshot(
+        &self,
+        tree: &str,
+        parent: Option<&str>,
+        message: &str,
+        refname: &str,
+    ) -> Result<String, GitError> {
+        let commit = self.write_snapshot(tree, parent, message, refname)?;
+        self.pins
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .snapshot_trees
+            .insert(tree.to_string());
+        Ok(commit)
+    }
+
+    fn write_snapshot(
         &self,
         tree: &str,
         parent: Option<&str>,
@@ -490,6 +520,53 @@ impl Git {
                 path: objects,
                 source,
             })
+    }
+
+    /// Points keel's ref `refname` (under `refs/keel/`) at the object `id`, a tree most often,
+    /// so that git's garbage collection keeps it: a tree a run may have to put the working tree
+    /// back to (the one an interrupted step or call started from) is otherwise reachable from
+    /// nothing, and `git gc` prunes such objects once they are two weeks old. Nothing is
+    /// written when the ref already points there (asked of this value's memory, then of the
+    /// ref's file), or when it is the tree of a snapshot this value wrote (its ref keeps it).
+    /// The ref is not synced: the object is (see `sync_objects`), and a pin lost
+    /// with the power matters only if git also prunes the object before the run resumes.
+    pub fn pin(&self, refname: &str, id: &str) -> Result<(), GitError> {
+        if !refname.starts_with("refs/keel/") || refname.contains("..") {
+            return Err(GitError::InvalidArgument {
+                what: "ref name",
+                value: refname.to_string(),
+                reason: "only keel's own refs (refs/keel/…) are pinned",
+            });
+        }
+        check_rev("object", id)?;
+        let mut pins = self
+            .pins
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if pins.refs.get(refname).map(String::as_str) == Some(id)
+            || pins.snapshot_trees.contains(id)
+        {
+            return Ok(());
+        }
+        let plain = |name: &str| fs::symlink_metadata(self.git_dir.join(name)).is_err();
+        let loose = plain("commondir") && plain("reftable") && is_object_id(id);
+        let on_disk = loose
+            && fs::read_to_string(self.git_dir.join(refname)).is_ok_and(|text| text.trim() == id);
+        if !on_disk {
+            let in_process = loose
+                && facts::facts(&self.root, &self.git_dir)?
+                    .is_some_and(|f| f.sha1 && !f.log_all_ref_updates && !f.shared_repository)
+                && object::write_ref(&self.git_dir, refname, id);
+            if !in_process {
+                self.git()
+                    .args(["update-ref", "--no-deref", "-m", "keel: pin"])
+                    .dies_with_keel()
+                    .args([refname, id])
+                    .run()?;
+            }
+        }
+        pins.refs.insert(refname.to_string(), id.to_string());
+        Ok(())
     }
 
     /// `git update-ref` of `refname` to `commit`, killed if keel dies.

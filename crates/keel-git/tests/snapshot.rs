@@ -442,3 +442,66 @@ fn a_snapshot_that_writes_a_commit_syncs_it_to_the_disk_and_one_of_an_unchanged_
         "clones share the count"
     );
 }
+
+#[test]
+fn a_pinned_tree_survives_git_gc_and_an_unpinned_one_does_not() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    let git = repo.open(&[]);
+    repo.write("a.txt", "pinned\n");
+    let pinned = git.worktree_tree().unwrap();
+    git.pin("refs/keel/r/pin/step", &pinned).unwrap();
+    repo.write("a.txt", "not pinned\n");
+    let loose = git.worktree_tree().unwrap();
+    repo.remove("a.txt");
+    repo.git(&["gc", "--quiet", "--prune=now"]);
+    let exists = |id: &str| repo.git_output(&["cat-file", "-e", id]).status.success();
+    assert!(exists(&pinned), "the pinned tree is kept");
+    assert!(
+        !exists(&loose),
+        "a tree nothing names is pruned (what the pin is for)"
+    );
+    assert_eq!(repo.git(&["rev-parse", "refs/keel/r/pin/step"]), pinned);
+    // gc packed the ref; pinning it again elsewhere still moves it.
+    git.pin("refs/keel/r/pin/step", &repo.head_tree()).unwrap();
+    assert_eq!(
+        repo.git(&["rev-parse", "refs/keel/r/pin/step"]),
+        repo.head_tree()
+    );
+}
+
+#[test]
+fn a_pin_already_in_place_writes_nothing_and_only_keels_refs_are_pinned() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    let git = repo.open(&[]);
+    let tree = git.worktree_tree().unwrap();
+    git.pin("refs/keel/r/pin/step", &tree).unwrap();
+    let file = repo.path().join(".git/refs/keel/r/pin/step");
+    let written = std::fs::metadata(&file).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    // Again through this value (its memory), and through a new one (the ref's file).
+    git.pin("refs/keel/r/pin/step", &tree).unwrap();
+    repo.open(&[]).pin("refs/keel/r/pin/step", &tree).unwrap();
+    let now = std::fs::metadata(&file).unwrap();
+    assert_eq!(
+        (now.ino(), now.mtime_nsec()),
+        (written.ino(), written.mtime_nsec())
+    );
+
+    // A snapshot's tree is kept by the snapshot's ref: no pin of it is written.
+    repo.write("a.txt", "snapshot\n");
+    let snapshot_tree = git.worktree_tree().unwrap();
+    git.snapshot(&snapshot_tree, None, "s", "refs/keel/r/0")
+        .unwrap();
+    git.pin("refs/keel/r/pin/call", &snapshot_tree).unwrap();
+    assert!(!repo.path().join(".git/refs/keel/r/pin/call").exists());
+
+    for refname in ["refs/heads/main", "HEAD", "refs/keel/../heads/main"] {
+        let err = git.pin(refname, &tree).unwrap_err();
+        assert!(
+            matches!(err, GitError::InvalidArgument { .. }),
+            "{refname}: {err}"
+        );
+    }
+    let err = git.pin("refs/keel/r/pin/step", "-q").unwrap_err();
+    assert!(matches!(err, GitError::InvalidArgument { .. }), "{err}");
+}
