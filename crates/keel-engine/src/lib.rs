@@ -173,12 +173,17 @@ fn hostname() -> String {
 }
 
 /// The start time of a process (clock ticks since boot), to tell a live process from a new one
-/// that reuses its pid.
+/// that reuses its pid; `None` when there is no such process, or it has exited and waits only
+/// for its parent to reap it (a zombie: it writes nothing more).
 fn process_start(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Field 22; the command name (field 2) may contain spaces, so count after its `)`.
-    let after = stat.rsplit_once(')')?.1;
-    after.split_whitespace().nth(19)?.parse().ok()
+    // The command name (field 2) may contain spaces, so count after its `)`: field 3 is the
+    // state, field 22 the start time.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    if matches!(fields.next()?, "Z" | "X" | "x") {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 /// A lease holder on this machine whose process no longer exists holds nothing.

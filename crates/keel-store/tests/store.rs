@@ -85,6 +85,10 @@ fn a_held_lease_is_refused_unless_expired_or_stale() {
         .unwrap_err();
     assert!(matches!(err, StoreError::LeaseHeld { .. }), "{err}");
     assert!(err.to_string().contains("held by a"));
+    assert!(
+        err.to_string().contains("until 1970-01-01T00:00:01Z (UTC)"),
+        "the lease's end as people read it: {err}"
+    );
     // Expired.
     assert!(
         store
