@@ -45,7 +45,7 @@ fn script(marker: &Path, kind: Kind) -> Vec<Value> {
         json!({"tool": "run", "args": {"command": format!("echo run-3 >> {m}; mkdir -p src; echo b > src/b.txt{extra}")}}),
         json!({"calls": [
             {"tool": "write", "args": {"path": "src/c.txt", "content": "c\n"}},
-            {"tool": "run", "args": {"command": format!("echo run-4 >> {m}")}}
+            {"tool": "run", "args": {"command": format!("echo run-4 >> {m}; echo d > src/d.txt")}}
         ]}),
         json!({"calls": [
             {"tool": "note", "args": {"text": "all written"}},
@@ -311,6 +311,11 @@ fn write_script(dir: &Path, kind: Kind) -> (String, PathBuf, Vec<Value>) {
 
 /// Kills `keel run` at fault point `n` and resumes it; false when the run finished first.
 fn crash_at(kind: Kind, n: usize, name: &str) -> bool {
+    crash_at_then(kind, n, name, |_| {})
+}
+
+/// [`crash_at`], with `meanwhile` done to the workspace between the kill and the resume.
+fn crash_at_then(kind: Kind, n: usize, name: &str, meanwhile: impl Fn(&Path)) -> bool {
     let sc = Scenario::new(kind);
     let out = sc
         .fx
@@ -335,6 +340,7 @@ fn crash_at(kind: Kind, n: usize, name: &str) -> bool {
     let events = sc.fx.events(&id);
     let recorded: BTreeSet<(u64, u64)> = Scenario::finished_calls(&events).into_iter().collect();
     let marker_at_kill = sc.marker_counts();
+    meanwhile(sc.fx.root());
     let resumed = sc.fx.run(&["resume", &id]);
     assert_resumed(&sc.fx, &resumed, &what);
     sc.check_final(&id, &what, &recorded, &marker_at_kill);
@@ -601,4 +607,28 @@ fn killed_at_every_fault_point_of_a_delegated_step_it_resumes_and_keeps_the_dele
 
     let landed = at_every_point(&points, delegate_crash_at);
     assert_eq!(landed, points.len());
+}
+
+/// Killed just after each call that changed files, with `git gc --prune=now` run before the
+/// resume (git prunes the loose objects nothing names once they are two weeks old): the tree
+/// the call started from is pinned (`refs/keel/<run>/pinned/call`), so the call is still undone
+/// whole and the run ends as the uninterrupted one does.
+#[test]
+fn killed_after_a_call_and_resumed_after_git_gc_the_call_is_still_undone() {
+    let twin = tempfile::tempdir().unwrap();
+    let (twin_contract, _, _) = write_script(twin.path(), Kind::InScope);
+    let points = fault_points(&twin_contract);
+    let mut landed = 0;
+    for (i, name) in points.iter().enumerate() {
+        if name == "tool call made" {
+            assert!(crash_at_then(
+                Kind::InScope,
+                i + 1,
+                name,
+                common::git_gc_prune_now
+            ));
+            landed += 1;
+        }
+    }
+    assert!(landed >= 2, "{points:?}");
 }

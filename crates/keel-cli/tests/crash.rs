@@ -387,17 +387,7 @@ fn killed_after_a_command_and_resumed_after_git_gc_the_interrupted_step_is_still
         let sc = Scenario::new();
         let n = common::nth_point(&points, "command ended", k) as u64 + 1;
         let id = common::killed_at(&sc.fx, n);
-        let gc = std::process::Command::new("git")
-            .arg("-C")
-            .arg(sc.fx.root())
-            .args(["gc", "--quiet", "--prune=now"])
-            .output()
-            .unwrap();
-        assert!(
-            gc.status.success(),
-            "{}",
-            String::from_utf8_lossy(&gc.stderr)
-        );
+        common::git_gc_prune_now(sc.fx.root());
         sc.resume_after_kill(&id, &format!("command {k}, after git gc"));
         sc.check_final(&id);
     }

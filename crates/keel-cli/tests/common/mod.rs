@@ -519,3 +519,20 @@ pub fn count_events(conn: &rusqlite::Connection, id: Option<&str>) -> u64 {
     })
     .sum()
 }
+
+/// `git gc --prune=now` in the workspace at `root`: every loose object nothing names is gone,
+/// as git's own garbage collection leaves a repository two weeks after they were written.
+#[allow(dead_code)]
+pub fn git_gc_prune_now(root: &Path) {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(root)
+        .args(["gc", "--quiet", "--prune=now"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
