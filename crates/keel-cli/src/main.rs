@@ -230,7 +230,7 @@ fn error_code(err: &anyhow::Error) -> u8 {
             | EngineError::ContractFile { .. }
             | EngineError::Usage(_)
             | EngineError::Refused { .. } => exit::USAGE,
-            EngineError::DamagedLog { .. } => exit::FAILED,
+            EngineError::DamagedLog { .. } | EngineError::TreeMissing { .. } => exit::FAILED,
             EngineError::Store(s) => store_code(s),
             EngineError::Git(keel_git::GitError::NotARepository { .. }) => exit::USAGE,
             _ => exit::INTERNAL,

@@ -392,3 +392,51 @@ fn killed_after_a_command_and_resumed_after_git_gc_the_interrupted_step_is_still
         sc.check_final(&id);
     }
 }
+
+/// When the tree an interrupted step started from is gone all the same (its pin deleted, then
+/// `git gc`; or its objects lost with the disk), the resume stops before changing anything,
+/// with exit 5 and a message that names the step, the tree and what to do (where it was git's
+/// "bad object" on every resume); the log is left intact and the run can still be cancelled.
+#[test]
+fn a_resume_that_cannot_find_the_interrupted_steps_tree_says_so_and_changes_nothing() {
+    let outside = tempfile::tempdir().unwrap();
+    let points = common::fault_points(&contract(&outside.path().join("marker")));
+    let sc = Scenario::new();
+    let n = common::nth_point(&points, "command ended", 2) as u64 + 1;
+    let id = common::killed_at(&sc.fx, n);
+    let pin = format!("refs/keel/{id}/pinned/step");
+    let deleted = std::process::Command::new("git")
+        .arg("-C")
+        .arg(sc.fx.root())
+        .args(["update-ref", "-d", &pin])
+        .status()
+        .unwrap();
+    assert!(deleted.success());
+    common::git_gc_prune_now(sc.fx.root());
+    let events = sc.fx.stored_events(&id).len();
+    let files = std::fs::read_to_string(sc.fx.path("out/b.txt")).unwrap();
+
+    let out = sc.fx.run(&["resume", &id]);
+    common::assert_no_panic(&out, "resume");
+    assert_eq!(out.status.code(), Some(5), "{}", sc.fx.explain(&out));
+    let said = common::stderr(&out);
+    for part in [
+        "step 1.2 was interrupted",
+        "is no longer in the repository",
+        &format!("keel cancel {id}"),
+    ] {
+        assert!(said.contains(part), "`{part}` not in: {said}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(sc.fx.path("out/b.txt")).unwrap(),
+        files,
+        "the working tree is left as the crash left it"
+    );
+    sc.fx.verify_log_ok(&id);
+    assert!(sc.fx.stored_events(&id).len() >= events);
+
+    // A cancelled run ends `failed`: exit 5.
+    sc.fx
+        .expect(&["cancel", &id, "--reason", "its starting tree is gone"], 5);
+    assert_eq!(state(&sc.fx.status(&id)), "failed");
+}

@@ -517,6 +517,7 @@ impl Engine<'_> {
         if let Some(pre) = &c.pre_tree
             && self.env.git.worktree_tree()? != *pre
         {
+            self.restorable(pre, &format!("a `{}` call was interrupted", c.tool))?;
             self.flush()?;
             self.env.git.restore_worktree(pre)?;
         }
@@ -557,6 +558,7 @@ impl Engine<'_> {
                 if let Some(pre) = pre
                     && self.env.git.worktree_tree()? != pre
                 {
+                    self.restorable(&pre, &format!("step {id} was interrupted"))?;
                     self.env.git.restore_worktree(&pre)?;
                 }
                 self.store

@@ -93,6 +93,20 @@ pub enum EngineError {
     },
     #[error("{0}")]
     Usage(String),
+    /// The tree the working tree must be put back to is gone from the repository (its objects
+    /// deleted, or lost with the disk), so what was interrupted cannot be undone.
+    #[error(
+        "run {run}: {what}, and the working tree it started from (tree {tree}) is no longer in \
+         the repository at {repo}, so keel cannot put back what it changed; put the \
+         repository's objects back (from a backup, or a clone that has them) and resume, or end \
+         the run with `keel cancel {run} --reason \"…\"`"
+    )]
+    TreeMissing {
+        run: String,
+        what: String,
+        tree: String,
+        repo: PathBuf,
+    },
     /// The engine went round its loop without recording anything: a keel bug, stopped rather
     /// than spun on.
     #[error(
@@ -1742,6 +1756,7 @@ impl Engine<'_> {
             .map(|p| p.pre.tree.clone())
             .unwrap_or_default();
         let rolled_back = if self.env.git.worktree_tree()? != pre_tree {
+            self.restorable(&pre_tree, &format!("step {id} failed"))?;
             self.env.git.restore_worktree(&pre_tree)?
         } else {
             Vec::new()
@@ -1796,6 +1811,21 @@ impl Engine<'_> {
         }])
     }
 
+    /// Before the working tree is put back to `tree`, what `what` (something interrupted or
+    /// failed) started from: [`EngineError::TreeMissing`] when the repository no longer has it,
+    /// rather than git's own "bad object" from the middle of the restore.
+    fn restorable(&self, tree: &str, what: &str) -> Result<(), EngineError> {
+        if self.env.git.resolve(tree)?.is_some() {
+            return Ok(());
+        }
+        Err(EngineError::TreeMissing {
+            run: self.run.id.clone(),
+            what: what.to_string(),
+            tree: tree.to_string(),
+            repo: self.env.git.root().to_path_buf(),
+        })
+    }
+
     /// Keeps `tree`, which the run may have to put the working tree back to (what the step or
     /// call starting now starts from: `which`), from git's garbage collection until the next
     /// step or call is pinned in its place (see `Git::pin`): a run resumed weeks after a crash
@@ -1829,6 +1859,7 @@ impl Engine<'_> {
         if now_tree == target {
             return Ok(None);
         }
+        self.restorable(target, what)?;
         let refname = format!("refs/keel/{}/interrupted/{}", self.run.id, self.run.seq);
         self.env.git.clear_ref_lock(&refname)?;
         let head = self.env.git.head()?;

@@ -105,9 +105,9 @@ impl From<EngineError> for ApiError {
         match e {
             EngineError::Store(s) => s.into(),
             EngineError::Usage(message) => ApiError::bad_request(message),
-            EngineError::Refused { .. } | EngineError::Apply { .. } => {
-                ApiError::conflict(e.to_string())
-            }
+            EngineError::Refused { .. }
+            | EngineError::Apply { .. }
+            | EngineError::TreeMissing { .. } => ApiError::conflict(e.to_string()),
             EngineError::Contract(_)
             | EngineError::Git(_)
             | EngineError::ContractFile { .. }
