@@ -123,6 +123,12 @@ fn branch_and_head_are_read_right_when_refs_are_kept_in_a_reftable() {
             .is_err()
     );
     assert_eq!(repo.git(&["rev-parse", "HEAD"]), first);
+    // A pin is not a loose file in such a repository: git writes it.
+    repo.write("b.txt", "b\n");
+    let pinned = git.worktree_tree().unwrap();
+    git.pin("refs/keel/r/pinned/step", &pinned).unwrap();
+    assert_eq!(repo.git(&["rev-parse", "refs/keel/r/pinned/step"]), pinned);
+    assert!(!repo.path().join(".git/refs/keel").exists());
 
     repo.git(&["checkout", "-q", "--detach"]);
     assert_eq!(git.branch().unwrap(), None);

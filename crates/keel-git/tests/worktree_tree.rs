@@ -245,6 +245,15 @@ fn a_linked_worktree_has_its_own_head_tree_and_index_and_shares_snapshot_refs() 
         .snapshot(&tree, None, "s", "refs/keel/linked/1")
         .unwrap();
     assert_eq!(repo.git(&["rev-parse", "refs/keel/linked/1"]), commit);
+    // A pin goes where the snapshot refs are, the common directory (through git here).
+    std::fs::write(linked.join("b.txt"), "more\n").unwrap();
+    let pinned = git.worktree_tree().unwrap();
+    git.pin("refs/keel/linked/pinned/step", &pinned).unwrap();
+    assert_eq!(
+        repo.git(&["rev-parse", "refs/keel/linked/pinned/step"]),
+        pinned
+    );
+    std::fs::remove_file(linked.join("b.txt")).unwrap();
 
     assert_eq!(git.restore_worktree("HEAD").unwrap(), ["a.txt"]);
     assert_eq!(
