@@ -23,11 +23,7 @@ pub fn shorten(text: &str, max: usize) -> String {
     }
 }
 
-fn time(ms: i64) -> String {
-    let t =
-        std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_seconds(t).to_string()
-}
+use keel_core::time::rfc3339 as time;
 
 fn phase_label(run: &Run) -> String {
     match run.phases.get(run.cursor as usize) {

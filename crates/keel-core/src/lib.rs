@@ -19,6 +19,7 @@ pub mod invariant;
 pub mod run;
 pub mod secret;
 pub mod state;
+pub mod time;
 pub mod tools;
 
 /// keel's version, recorded in fingerprints and run_created events.

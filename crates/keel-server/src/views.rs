@@ -9,12 +9,7 @@ use keel_core::run::{Answer, Approval, ApprovalDecision, Run};
 use keel_store::StoredEvent;
 use serde::{Deserialize, Serialize};
 
-/// RFC 3339 (seconds) of a time in ms since the epoch.
-pub fn time(ms: i64) -> String {
-    let t =
-        std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_seconds(t).to_string()
-}
+use keel_core::time::rfc3339 as time;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct BudgetView {

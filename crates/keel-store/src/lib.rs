@@ -55,7 +55,7 @@ pub enum StoreError {
     #[error(
         "run {run} is held by {holder} until {} (UTC); wait for that process to finish or stop it \
          (a holder on another machine that died holds the run until then)",
-        utc(*until_ms)
+        keel_core::time::rfc3339(*until_ms)
     )]
     LeaseHeld {
         run: String,
@@ -111,13 +111,6 @@ pub enum StoreError {
         size: usize,
         message: String,
     },
-}
-
-/// A time in milliseconds since the epoch, as people read it: `2026-12-06T21:32:19Z`.
-fn utc(ms: i64) -> String {
-    let at =
-        std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_seconds(at).to_string()
 }
 
 impl StoreError {
