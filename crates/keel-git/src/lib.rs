@@ -485,16 +485,7 @@ impl Git {
         parent: Option<&str>,
         message: &str,
     ) -> Result<Option<String>, GitError> {
-        let plain = |name: &str| fs::symlink_metadata(self.git_dir.join(name)).is_err();
-        // A linked worktree keeps its objects and refs in the common directory; reftable refs
-        // are not loose files.
-        if !is_object_id(tree) || !plain("commondir") || !plain("reftable") {
-            return Ok(None);
-        }
-        let Some(facts) = facts::facts(&self.root, &self.git_dir)? else {
-            return Ok(None);
-        };
-        if !facts.sha1 || facts.log_all_ref_updates || facts.shared_repository {
+        if !is_object_id(tree) || !self.plain_files()? {
             return Ok(None);
         }
         // As commit-tree does, name only objects that are there (a tree of a cached answer
@@ -548,15 +539,11 @@ impl Git {
         {
             return Ok(());
         }
-        let plain = |name: &str| fs::symlink_metadata(self.git_dir.join(name)).is_err();
-        let loose = plain("commondir") && plain("reftable") && is_object_id(id);
-        let on_disk = loose
+        let plain = is_object_id(id) && self.plain_files()?;
+        let on_disk = plain
             && fs::read_to_string(self.git_dir.join(refname)).is_ok_and(|text| text.trim() == id);
         if !on_disk {
-            let in_process = loose
-                && facts::facts(&self.root, &self.git_dir)?
-                    .is_some_and(|f| f.sha1 && !f.log_all_ref_updates && !f.shared_repository)
-                && object::write_ref(&self.git_dir, refname, id);
+            let in_process = plain && object::write_ref(&self.git_dir, refname, id);
             if !in_process {
                 self.git()
                     .args(["update-ref", "--no-deref", "-m", "keel: pin"])
@@ -567,6 +554,19 @@ impl Git {
         }
         pins.refs.insert(refname.to_string(), id.to_string());
         Ok(())
+    }
+
+    /// Whether keel may write objects and refs itself, as the plain files `object` writes: not
+    /// in a linked worktree (its objects and refs are in the common directory), not with
+    /// reftable refs (not loose files), and only in a SHA-1 repository without shared
+    /// permissions or a reflog for every ref (which git would keep).
+    fn plain_files(&self) -> Result<bool, GitError> {
+        let plain = |name: &str| fs::symlink_metadata(self.git_dir.join(name)).is_err();
+        if !plain("commondir") || !plain("reftable") {
+            return Ok(false);
+        }
+        Ok(facts::facts(&self.root, &self.git_dir)?
+            .is_some_and(|f| f.sha1 && !f.log_all_ref_updates && !f.shared_repository))
     }
 
     /// `git update-ref` of `refname` to `commit`, killed if keel dies.
