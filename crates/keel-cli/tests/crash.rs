@@ -413,30 +413,75 @@ fn a_resume_that_cannot_find_the_interrupted_steps_tree_says_so_and_changes_noth
         .unwrap();
     assert!(deleted.success());
     common::git_gc_prune_now(sc.fx.root());
-    let events = sc.fx.stored_events(&id).len();
-    let files = std::fs::read_to_string(sc.fx.path("out/b.txt")).unwrap();
+    refused_and_cancelled(
+        &sc,
+        &id,
+        "out/b.txt",
+        &["step 1.2 was interrupted", "is no longer in the repository"],
+    );
+}
 
-    let out = sc.fx.run(&["resume", &id]);
+/// `keel resume` of the run `id`, whose starting tree cannot be put back, exits 5 saying each of
+/// `says` and how to cancel, and changes nothing: `file` is as the crash left it and the log
+/// verifies. The run can still be cancelled, and ends `failed` (exit 5).
+fn refused_and_cancelled(sc: &Scenario, id: &str, file: &str, says: &[&str]) {
+    let events = sc.fx.stored_events(id).len();
+    let files = std::fs::read_to_string(sc.fx.path(file)).unwrap();
+
+    let out = sc.fx.run(&["resume", id]);
     common::assert_no_panic(&out, "resume");
     assert_eq!(out.status.code(), Some(5), "{}", sc.fx.explain(&out));
     let said = common::stderr(&out);
-    for part in [
-        "step 1.2 was interrupted",
-        "is no longer in the repository",
-        &format!("keel cancel {id}"),
-    ] {
+    let cancel = format!("keel cancel {id}");
+    for part in says.iter().copied().chain([cancel.as_str()]) {
         assert!(said.contains(part), "`{part}` not in: {said}");
     }
     assert_eq!(
-        std::fs::read_to_string(sc.fx.path("out/b.txt")).unwrap(),
+        std::fs::read_to_string(sc.fx.path(file)).unwrap(),
         files,
         "the working tree is left as the crash left it"
     );
-    sc.fx.verify_log_ok(&id);
-    assert!(sc.fx.stored_events(&id).len() >= events);
+    sc.fx.verify_log_ok(id);
+    assert!(sc.fx.stored_events(id).len() >= events);
 
-    // A cancelled run ends `failed`: exit 5.
     sc.fx
-        .expect(&["cancel", &id, "--reason", "its starting tree is gone"], 5);
-    assert_eq!(state(&sc.fx.status(&id)), "failed");
+        .expect(&["cancel", id, "--reason", "its starting tree is gone"], 5);
+    assert_eq!(state(&sc.fx.status(id)), "failed");
+}
+
+/// The same when the tree is there but the content of a file it holds is not (a loose object
+/// deleted, a disk that lost it): the resume names the file and stops before changing
+/// anything, where the put-back would have deleted and written files until git could not read
+/// that one, leaving the working tree half put back.
+#[test]
+fn a_resume_whose_starting_tree_lacks_a_files_content_names_it_and_changes_nothing() {
+    let outside = tempfile::tempdir().unwrap();
+    let points = common::fault_points(&contract(&outside.path().join("marker")));
+    let sc = Scenario::new();
+    // Killed once step 2.2's command has appended to out/ab.txt: putting it back needs the
+    // content step 2.2 started from, which only that step's starting tree holds.
+    let n = common::nth_point(&points, "command ended", 4) as u64 + 1;
+    let id = common::killed_at(&sc.fx, n);
+    let before = common::git_stdout(sc.fx.root(), &["hash-object", "--stdin"], b"a\nb\n");
+    let loose = sc
+        .fx
+        .root()
+        .join(".git/objects")
+        .join(&before[..2])
+        .join(&before[2..]);
+    std::fs::remove_file(&loose).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(sc.fx.path("out/ab.txt")).unwrap(),
+        "a\nb\nbuilt\n"
+    );
+    refused_and_cancelled(
+        &sc,
+        &id,
+        "out/ab.txt",
+        &[
+            "step 2.2 was interrupted",
+            "has objects missing (out/ab.txt",
+            &before,
+        ],
+    );
 }

@@ -515,9 +515,10 @@ impl Engine<'_> {
     /// Puts the tree back to where an interrupted call started.
     fn restore_call_tree(&mut self, c: &keel_core::run::CallProgress) -> Result<(), EngineError> {
         if let Some(pre) = &c.pre_tree
-            && self.env.git.worktree_tree()? != *pre
+            && let now = self.env.git.worktree_tree()?
+            && now != *pre
         {
-            self.restorable(pre, &format!("a `{}` call was interrupted", c.tool))?;
+            self.restorable(&now, pre, &format!("a `{}` call was interrupted", c.tool))?;
             self.flush()?;
             self.env.git.restore_worktree(pre)?;
         }
@@ -556,9 +557,10 @@ impl Engine<'_> {
                 // A delegated program may have half-changed the workspace before the crash.
                 let pre = self.run.in_progress.as_ref().map(|p| p.pre.tree.clone());
                 if let Some(pre) = pre
-                    && self.env.git.worktree_tree()? != pre
+                    && let now = self.env.git.worktree_tree()?
+                    && now != pre
                 {
-                    self.restorable(&pre, &format!("step {id} was interrupted"))?;
+                    self.restorable(&now, &pre, &format!("step {id} was interrupted"))?;
                     self.env.git.restore_worktree(&pre)?;
                 }
                 self.store

@@ -96,16 +96,19 @@ pub enum EngineError {
     /// The tree the working tree must be put back to is gone from the repository (its objects
     /// deleted, or lost with the disk), so what was interrupted cannot be undone.
     #[error(
-        "run {run}: {what}, and the working tree it started from (tree {tree}) is no longer in \
-         the repository at {repo}, so keel cannot put back what it changed; put the \
-         repository's objects back (from a backup, or a clone that has them) and resume, or end \
-         the run with `keel cancel {run} --reason \"…\"`"
+        "run {run}: {what}, and the working tree it started from (tree {tree}) {gone} the \
+         repository at {repo}, so keel cannot put back what it changed; put the repository's \
+         objects back (from a backup, or a clone that has them) and resume, or end the run \
+         with `keel cancel {run} --reason \"…\"`",
+        gone = tree_gone(missing)
     )]
     TreeMissing {
         run: String,
         what: String,
         tree: String,
         repo: PathBuf,
+        /// The objects below the tree that are gone; empty when the tree itself is.
+        missing: Vec<keel_git::MissingObject>,
     },
     /// The engine went round its loop without recording anything: a keel bug, stopped rather
     /// than spun on.
@@ -177,6 +180,18 @@ impl Actor {
                 .or_else(|_| std::env::var("USER"))
                 .unwrap_or_else(|_| "unknown".to_string()),
         }
+    }
+}
+
+/// How a `TreeMissing` error says what is gone: the tree itself, or objects below it.
+fn tree_gone(missing: &[keel_git::MissingObject]) -> String {
+    if missing.is_empty() {
+        "is no longer in".to_string()
+    } else {
+        format!(
+            "has objects missing ({}) from",
+            keel_git::list_missing(missing)
+        )
     }
 }
 
@@ -1755,8 +1770,9 @@ impl Engine<'_> {
             .as_ref()
             .map(|p| p.pre.tree.clone())
             .unwrap_or_default();
-        let rolled_back = if self.env.git.worktree_tree()? != pre_tree {
-            self.restorable(&pre_tree, &format!("step {id} failed"))?;
+        let now = self.env.git.worktree_tree()?;
+        let rolled_back = if now != pre_tree {
+            self.restorable(&now, &pre_tree, &format!("step {id} failed"))?;
             self.env.git.restore_worktree(&pre_tree)?
         } else {
             Vec::new()
@@ -1814,15 +1830,22 @@ impl Engine<'_> {
     /// Before the working tree is put back to `tree`, what `what` (something interrupted or
     /// failed) started from: [`EngineError::TreeMissing`] when the repository no longer has it,
     /// rather than git's own "bad object" from the middle of the restore.
-    fn restorable(&self, tree: &str, what: &str) -> Result<(), EngineError> {
-        if self.env.git.resolve(tree)?.is_some() {
-            return Ok(());
-        }
+    fn restorable(&self, from: &str, tree: &str, what: &str) -> Result<(), EngineError> {
+        let missing = if self.env.git.resolve(tree)?.is_some() {
+            let missing = self.env.git.missing_for_restore(from, tree)?;
+            if missing.is_empty() {
+                return Ok(());
+            }
+            missing
+        } else {
+            Vec::new()
+        };
         Err(EngineError::TreeMissing {
             run: self.run.id.clone(),
             what: what.to_string(),
             tree: tree.to_string(),
             repo: self.env.git.root().to_path_buf(),
+            missing,
         })
     }
 
@@ -1859,7 +1882,7 @@ impl Engine<'_> {
         if now_tree == target {
             return Ok(None);
         }
-        self.restorable(target, what)?;
+        self.restorable(&now_tree, target, what)?;
         let refname = format!("refs/keel/{}/interrupted/{}", self.run.id, self.run.seq);
         self.env.git.clear_ref_lock(&refname)?;
         let head = self.env.git.head()?;

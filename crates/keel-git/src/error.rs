@@ -57,6 +57,21 @@ pub enum GitError {
         reason: &'static str,
     },
 
+    /// The working tree cannot be put back to `tree`: objects it needs are gone from the
+    /// repository. Nothing was changed.
+    #[error(
+        "cannot put the working tree back to tree {tree}: the repository at {} lacks {} it \
+         needs ({}); nothing was changed",
+        repo.display(),
+        objects(missing.len()),
+        crate::list_missing(missing)
+    )]
+    ObjectsMissing {
+        tree: String,
+        repo: PathBuf,
+        missing: Vec<crate::MissingObject>,
+    },
+
     /// `git` succeeded but printed something this crate does not understand.
     #[error("`{command}` printed unexpected output ({expected} expected): {output:?}")]
     UnexpectedOutput {
@@ -64,6 +79,14 @@ pub enum GitError {
         expected: &'static str,
         output: String,
     },
+}
+
+fn objects(n: usize) -> String {
+    if n == 1 {
+        "an object".to_string()
+    } else {
+        format!("{n} objects")
+    }
 }
 
 fn spawn_hint(source: &io::Error) -> &'static str {

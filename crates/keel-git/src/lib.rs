@@ -715,14 +715,32 @@ impl Git {
 
         // The target without excluded paths, in an index that checkout-index can write from.
         let index = TempIndex::new(&self.git_dir);
-        self.git()
+        if let Err(error) = self
+            .git()
             .index_file(&index.path)
             .args(["read-tree", tree])
-            .run()?;
+            .run()
+        {
+            return Err(self.objects_missing(tree, self.missing_below(tree), error));
+        }
         self.remove_excluded(&index)?;
         let target = self.write_tree(&index)?;
 
         let (entries, _, _) = self.diff_tree(&current, &target, false)?;
+        // Every file to be written must be there before anything is deleted: checkout-index
+        // stops at the first object it cannot read, and the working tree would be left half
+        // put back.
+        let needed = entries.iter().filter(|entry| {
+            entry.status != 'D' && entry.new_mode != GITLINK_MODE && wanted(&entry.path)
+        });
+        let missing = self.missing_blobs(needed)?;
+        if !missing.is_empty() {
+            return Err(GitError::ObjectsMissing {
+                tree: tree.to_string(),
+                repo: self.root.clone(),
+                missing,
+            });
+        }
         let mut changed = Vec::new();
         let mut to_write = Vec::new();
         // Deletions first, so that a directory that becomes a file (or the reverse) is free.
@@ -755,6 +773,106 @@ impl Git {
         }
         changed.sort();
         Ok(changed)
+    }
+
+    /// What putting the working tree back from tree `from` to tree `tree` would need that the
+    /// repository lacks: each file's object that is missing, with its path, and each tree the
+    /// comparison could not read. Empty when nothing is missing. A repository that lost objects
+    /// (deleted by hand, pruned while nothing named them, lost with the disk) is found here,
+    /// before anything is changed, rather than halfway through a restore.
+    pub fn missing_for_restore(
+        &self,
+        from: &str,
+        tree: &str,
+    ) -> Result<Vec<MissingObject>, GitError> {
+        match self.diff_tree(from, tree, false) {
+            Ok((entries, _, _)) => self.missing_blobs(
+                entries
+                    .iter()
+                    .filter(|entry| entry.status != 'D' && entry.new_mode != GITLINK_MODE),
+            ),
+            Err(error) => match self.missing_below(tree) {
+                Ok(missing) if !missing.is_empty() => Ok(missing),
+                _ => Err(error),
+            },
+        }
+    }
+
+    /// The entries' objects that the repository does not have (one `cat-file` for all).
+    fn missing_blobs<'e>(
+        &self,
+        entries: impl Iterator<Item = &'e RawEntry>,
+    ) -> Result<Vec<MissingObject>, GitError> {
+        let entries: Vec<&RawEntry> = entries.collect();
+        if entries.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut ids = Vec::new();
+        for entry in &entries {
+            check_rev("object", &entry.new_id)?;
+            ids.extend_from_slice(entry.new_id.as_bytes());
+            ids.push(b'\n');
+        }
+        let check = self
+            .git()
+            .args(["cat-file", "--batch-check=%(objectname)"])
+            .stdin(ids);
+        let output = check.run()?;
+        let output = String::from_utf8_lossy(&output);
+        let lines: Vec<&str> = output.lines().collect();
+        if lines.len() != entries.len() {
+            return Err(check.unexpected("a line for each object", output.into_owned()));
+        }
+        let mut missing = Vec::new();
+        for (entry, line) in entries.iter().zip(lines) {
+            if line == entry.new_id {
+                continue;
+            }
+            if line != format!("{} missing", entry.new_id) {
+                return Err(check.unexpected("an object id or \"missing\"", line.to_string()));
+            }
+            missing.push(MissingObject {
+                path: Some(entry.path.clone()),
+                id: entry.new_id.clone(),
+            });
+        }
+        Ok(missing)
+    }
+
+    /// Every object below `tree` the repository does not have, as `git rev-list` finds them
+    /// (`--missing=print`); paths are not known this way. Asked only once git has failed to
+    /// read the tree, to say why.
+    fn missing_below(&self, tree: &str) -> Result<Vec<MissingObject>, GitError> {
+        check_rev("tree", tree)?;
+        let output = self
+            .git()
+            .args(["rev-list", "--objects", "--missing=print", tree])
+            .run()?;
+        Ok(String::from_utf8_lossy(&output)
+            .lines()
+            .filter_map(|line| line.strip_prefix('?'))
+            .map(|id| MissingObject {
+                path: None,
+                id: id.to_string(),
+            })
+            .collect())
+    }
+
+    /// `ObjectsMissing` when `missing` names objects, else git's own `error`.
+    fn objects_missing(
+        &self,
+        tree: &str,
+        missing: Result<Vec<MissingObject>, GitError>,
+        error: GitError,
+    ) -> GitError {
+        match missing {
+            Ok(missing) if !missing.is_empty() => GitError::ObjectsMissing {
+                tree: tree.to_string(),
+                repo: self.root.clone(),
+                missing,
+            },
+            _ => error,
+        }
     }
 
     /// `git --version`, trimmed: "git version 2.47.3". Asked once per process: keel runs the
@@ -1002,11 +1120,44 @@ impl Git {
     }
 }
 
+/// An object a restore needs that the repository does not have.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingObject {
+    /// Where in the tree it is; `None` when git could only name the object.
+    pub path: Option<String>,
+    pub id: String,
+}
+
+impl std::fmt::Display for MissingObject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.path {
+            Some(path) => write!(f, "{path} (object {})", self.id),
+            None => write!(f, "object {}", self.id),
+        }
+    }
+}
+
+/// `missing` as a short list for a message: the first five, then how many more.
+pub fn list_missing(missing: &[MissingObject]) -> String {
+    const SHOWN: usize = 5;
+    let mut list: Vec<String> = missing
+        .iter()
+        .take(SHOWN)
+        .map(ToString::to_string)
+        .collect();
+    if missing.len() > SHOWN {
+        list.push(format!("and {} more", missing.len() - SHOWN));
+    }
+    list.join(", ")
+}
+
 /// One record of `git diff-tree --raw`.
 #[derive(Debug)]
 struct RawEntry {
     old_mode: String,
     new_mode: String,
+    /// The object on the `to` side (all zeros for a deletion).
+    new_id: String,
     status: char,
     path: String,
 }
@@ -1025,7 +1176,7 @@ fn parse_diff_tree(output: &[u8]) -> Result<(Vec<RawEntry>, u64, u64), &'static 
         if let Some(header) = field.strip_prefix(b":") {
             let header = String::from_utf8_lossy(header);
             let parts: Vec<&str> = header.split(' ').collect();
-            let [old_mode, new_mode, _, _, status] = parts.as_slice() else {
+            let [old_mode, new_mode, _, new_id, status] = parts.as_slice() else {
                 return Err("raw diff records");
             };
             let status = status.chars().next().ok_or("a status letter")?;
@@ -1033,6 +1184,7 @@ fn parse_diff_tree(output: &[u8]) -> Result<(Vec<RawEntry>, u64, u64), &'static 
             entries.push(RawEntry {
                 old_mode: (*old_mode).to_string(),
                 new_mode: (*new_mode).to_string(),
+                new_id: (*new_id).to_string(),
                 status,
                 path: String::from_utf8_lossy(path).into_owned(),
             });

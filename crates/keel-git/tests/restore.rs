@@ -262,3 +262,87 @@ fn restore_paths_touches_only_the_named_paths() {
     assert_eq!(repo.read("keep.txt"), "changed and kept\n");
     assert!(repo.exists("new-kept.txt"));
 }
+
+/// Deletes the loose object `id` from the repository, as a disk that lost it or a careless
+/// cleanup would.
+fn lose_object(repo: &Repo, id: &str) {
+    let path = repo
+        .path()
+        .join(".git/objects")
+        .join(&id[..2])
+        .join(&id[2..]);
+    std::fs::remove_file(&path).unwrap_or_else(|e| panic!("{} is not loose: {e}", path.display()));
+}
+
+#[test]
+fn a_restore_whose_file_objects_are_gone_says_which_and_changes_nothing() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n"), ("src/b.rs", "b\n")]);
+    let git = repo.open(&[]);
+    repo.write("src/c.rs", "only in the recorded tree\n");
+    let recorded = git.worktree_tree().unwrap();
+    let lost = repo.git(&["rev-parse", &format!("{recorded}:src/c.rs")]);
+
+    repo.write("src/c.rs", "changed since\n");
+    repo.write("stray.txt", "a restore deletes this\n");
+    let now = git.worktree_tree().unwrap();
+    assert_eq!(git.missing_for_restore(&now, &recorded).unwrap(), []);
+    lose_object(&repo, &lost);
+
+    let missing = git.missing_for_restore(&now, &recorded).unwrap();
+    assert_eq!(
+        missing,
+        [keel_git::MissingObject {
+            path: Some("src/c.rs".into()),
+            id: lost.clone(),
+        }]
+    );
+    let error = git.restore_worktree(&recorded).unwrap_err();
+    assert!(
+        matches!(&error, keel_git::GitError::ObjectsMissing { missing: m, .. } if *m == missing),
+        "{error:?}"
+    );
+    let said = error.to_string();
+    for part in [&recorded, "src/c.rs", &lost, "nothing was changed"] {
+        assert!(said.contains(part), "`{part}` not in: {said}");
+    }
+    assert_eq!(repo.read("src/c.rs"), "changed since\n");
+    assert!(repo.exists("stray.txt"), "nothing was deleted either");
+    assert_eq!(repo.leftover_temp_indexes(), Vec::<String>::new());
+
+    // Only the paths asked for need their objects.
+    assert_eq!(
+        git.restore_paths(&recorded, &["stray.txt".to_string()])
+            .unwrap(),
+        ["stray.txt"]
+    );
+    assert!(!repo.exists("stray.txt"));
+}
+
+#[test]
+fn a_restore_whose_directory_object_is_gone_says_so_and_changes_nothing() {
+    let repo = Repo::with_commit(&[("a.txt", "a\n")]);
+    let git = repo.open(&[]);
+    repo.write("deep/x/y.txt", "y\n");
+    let recorded = git.worktree_tree().unwrap();
+    let lost = repo.git(&["rev-parse", &format!("{recorded}:deep/x")]);
+
+    repo.remove("deep/x/y.txt");
+    repo.write("a.txt", "changed since\n");
+    let now = git.worktree_tree().unwrap();
+    lose_object(&repo, &lost);
+
+    let missing = git.missing_for_restore(&now, &recorded).unwrap();
+    assert!(
+        missing.iter().any(|m| m.id == lost && m.path.is_none()),
+        "{missing:?}"
+    );
+    let error = git.restore_worktree(&recorded).unwrap_err();
+    let said = error.to_string();
+    assert!(
+        matches!(error, keel_git::GitError::ObjectsMissing { .. }),
+        "{said}"
+    );
+    assert!(said.contains(&lost), "{said}");
+    assert_eq!(repo.read("a.txt"), "changed since\n");
+    assert!(!repo.exists("deep/x/y.txt"));
+}

@@ -536,3 +536,27 @@ pub fn git_gc_prune_now(root: &Path) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// What `git <args>` in `root` prints with `input` on its standard input, trimmed; it must
+/// succeed.
+#[allow(dead_code)]
+pub fn git_stdout(root: &Path, args: &[&str], input: &[u8]) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("git")
+        .arg("-C")
+        .arg(root)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
