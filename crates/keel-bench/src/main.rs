@@ -579,6 +579,33 @@ fn survey_figures(
     Ok(())
 }
 
+/// What the machine's CPUs allow the runs, at the CPU a step cost them in this run (keel's
+/// process and the processes it started): a throughput the model's latency allows is out of
+/// reach when the CPUs cannot give each step its CPU that often, however keel schedules them.
+fn cpu_bound(c: &concurrent::Concurrent, target_steps_per_s: f64) -> Value {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpu_s = (c.cpu.process_us + c.cpu.children_us) / 1e6;
+    let per_step_s = cpu_s / c.steps.max(1) as f64;
+    let at_full = if per_step_s > 0.0 {
+        Some(round1(cpus as f64 / per_step_s))
+    } else {
+        None
+    };
+    json!({
+        "cpus": cpus,
+        "cpu_ms_per_step": round3(per_step_s * 1000.0),
+        "steps_per_s_at_full_cpu": at_full,
+        "cpus_the_target_needs": round3(target_steps_per_s * per_step_s),
+        "cpu_busy": round3(cpu_s / c.elapsed.as_secs_f64().max(1e-9) / cpus as f64),
+        "note": "cpu_ms_per_step: keel's process and its children (cpu_ms_per_step above, \
+                 added). steps_per_s_at_full_cpu = cpus / cpu_ms_per_step: no schedule of these \
+                 steps is faster on this machine. cpus_the_target_needs = 80% of \
+                 allowed_steps_per_s × cpu_ms_per_step: above cpus, the target is out of this \
+                 machine's reach at this CPU per step, and near it the runs wait for a CPU as \
+                 much as for the model. cpu_busy: the share of all CPUs the runs kept busy.",
+    })
+}
+
 fn concurrent_figure(c: &concurrent::Concurrent) -> Value {
     let secs = c.elapsed.as_secs_f64();
     let rate = c.steps as f64 / secs;
@@ -649,6 +676,7 @@ fn concurrent_figure(c: &concurrent::Concurrent) -> Value {
             "children": round3(c.cpu.children_us / 1000.0 / c.steps.max(1) as f64),
         }),
     );
+    f.insert("cpu_bound".into(), cpu_bound(c, 0.8 * allowed));
     f.insert(
         "store_transactions".into(),
         json!({

@@ -128,6 +128,25 @@ fn the_quick_report_is_json_with_every_figure() {
         "{reference}"
     );
     assert!(report["concurrent_runs"]["tokenizer_build_ms"].is_number());
+    // What the CPUs allow at the CPU the steps cost: both parts of it, per CPU.
+    let concurrent = &report["concurrent_runs"];
+    let bound = &concurrent["cpu_bound"];
+    let per_step = bound["cpu_ms_per_step"].as_f64().unwrap();
+    let parts = &concurrent["cpu_ms_per_step"];
+    let sum = parts["process"].as_f64().unwrap() + parts["children"].as_f64().unwrap();
+    assert!((per_step - sum).abs() < 0.002, "{bound} {parts}");
+    let cpus = bound["cpus"].as_f64().unwrap();
+    let at_full = bound["steps_per_s_at_full_cpu"].as_f64().unwrap();
+    assert!(
+        (at_full * per_step / 1000.0 - cpus).abs() < 0.01 * cpus,
+        "{bound}"
+    );
+    let needs = bound["cpus_the_target_needs"].as_f64().unwrap();
+    assert!(
+        (needs - 0.8 * 60.0 * per_step / 1000.0).abs() < 0.002,
+        "{bound}"
+    );
+    assert!(bound["cpu_busy"].as_f64().unwrap() > 0.0, "{bound}");
     // Each run's gaps between its model calls, and its one acceptance verifier.
     let gaps = &report["concurrent_runs"]["run_gaps_ms"];
     for (key, n) in [
