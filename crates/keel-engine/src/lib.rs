@@ -93,8 +93,9 @@ pub enum EngineError {
     },
     #[error("{0}")]
     Usage(String),
-    /// The tree the working tree must be put back to is gone from the repository (its objects
-    /// deleted, or lost with the disk), so what was interrupted cannot be undone.
+    /// The tree the working tree must be put back to, or objects below it that putting it back
+    /// needs, are gone from the repository (deleted, or lost with the disk), so what was
+    /// interrupted cannot be undone.
     #[error(
         "run {run}: {what}, and the working tree it started from (tree {tree}) {gone} the \
          repository at {repo}, so keel cannot put back what it changed; put the repository's \
@@ -1829,7 +1830,8 @@ impl Engine<'_> {
 
     /// Before the working tree is put back to `tree`, what `what` (something interrupted or
     /// failed) started from: [`EngineError::TreeMissing`] when the repository no longer has it,
-    /// rather than git's own "bad object" from the middle of the restore.
+    /// or lacks an object below it that the restore from `from` (the working tree's tree now)
+    /// would write, rather than git's own "bad object" from the middle of the restore.
     fn restorable(&self, from: &str, tree: &str, what: &str) -> Result<(), EngineError> {
         let missing = if self.env.git.resolve(tree)?.is_some() {
             let missing = self.env.git.missing_for_restore(from, tree)?;

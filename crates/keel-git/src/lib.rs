@@ -791,9 +791,9 @@ impl Git {
                     .iter()
                     .filter(|entry| entry.status != 'D' && entry.new_mode != GITLINK_MODE),
             ),
-            Err(error) => match self.missing_below(tree) {
-                Ok(missing) if !missing.is_empty() => Ok(missing),
-                _ => Err(error),
+            Err(error) => match self.objects_missing(tree, self.missing_below(tree), error) {
+                GitError::ObjectsMissing { missing, .. } => Ok(missing),
+                error => Err(error),
             },
         }
     }
