@@ -514,13 +514,8 @@ impl Engine<'_> {
 
     /// Puts the tree back to where an interrupted call started.
     fn restore_call_tree(&mut self, c: &keel_core::run::CallProgress) -> Result<(), EngineError> {
-        if let Some(pre) = &c.pre_tree
-            && let now = self.env.git.worktree_tree()?
-            && now != *pre
-        {
-            self.restorable(&now, pre, &format!("a `{}` call was interrupted", c.tool))?;
-            self.flush()?;
-            self.env.git.restore_worktree(pre)?;
+        if let Some(pre) = &c.pre_tree {
+            self.put_back(pre, &format!("a `{}` call was interrupted", c.tool), true)?;
         }
         Ok(())
     }
@@ -556,12 +551,8 @@ impl Engine<'_> {
             Some(hash) => {
                 // A delegated program may have half-changed the workspace before the crash.
                 let pre = self.run.in_progress.as_ref().map(|p| p.pre.tree.clone());
-                if let Some(pre) = pre
-                    && let now = self.env.git.worktree_tree()?
-                    && now != pre
-                {
-                    self.restorable(&now, &pre, &format!("step {id} was interrupted"))?;
-                    self.env.git.restore_worktree(&pre)?;
+                if let Some(pre) = pre {
+                    self.put_back(&pre, &format!("step {id} was interrupted"), false)?;
                 }
                 self.store
                     .read_run_artifact(&self.run.id, &hash, usize::MAX)?

@@ -1771,13 +1771,7 @@ impl Engine<'_> {
             .as_ref()
             .map(|p| p.pre.tree.clone())
             .unwrap_or_default();
-        let now = self.env.git.worktree_tree()?;
-        let rolled_back = if now != pre_tree {
-            self.restorable(&now, &pre_tree, &format!("step {id} failed"))?;
-            self.env.git.restore_worktree(&pre_tree)?
-        } else {
-            Vec::new()
-        };
+        let rolled_back = self.put_back(&pre_tree, &format!("step {id} failed"), false)?;
         fault::point("failed step rolled back");
         self.commit(vec![EventBody::StepFailed {
             step: id,
@@ -1851,6 +1845,36 @@ impl Engine<'_> {
         })
     }
 
+    /// The working tree's tree now, when it is not `target` and `target` is restorable from it
+    /// (`restorable`, for `what`); `None` when it is `target` already.
+    fn to_put_back(&self, target: &str, what: &str) -> Result<Option<String>, EngineError> {
+        let now = self.env.git.worktree_tree()?;
+        if now == target {
+            return Ok(None);
+        }
+        self.restorable(&now, target, what)?;
+        Ok(Some(now))
+    }
+
+    /// Makes the working tree `target` again, what `what` (something interrupted or failed)
+    /// started from, once it is known to be restorable; with `flush`, the staged events are
+    /// stored first (what led here must be recorded before the workspace changes). Nothing
+    /// when the working tree is `target` already. Returns the paths it changed.
+    fn put_back(
+        &mut self,
+        target: &str,
+        what: &str,
+        flush: bool,
+    ) -> Result<Vec<String>, EngineError> {
+        if self.to_put_back(target, what)?.is_none() {
+            return Ok(Vec::new());
+        }
+        if flush {
+            self.flush()?;
+        }
+        Ok(self.env.git.restore_worktree(target)?)
+    }
+
     /// Keeps `tree`, which the run may have to put the working tree back to (what the step or
     /// call starting now starts from: `which`), from git's garbage collection until the next
     /// step or call is pinned in its place (see `Git::pin`): a run resumed weeks after a crash
@@ -1880,11 +1904,9 @@ impl Engine<'_> {
         what: &str,
         by_commands: bool,
     ) -> Result<Option<Undone>, EngineError> {
-        let now_tree = self.env.git.worktree_tree()?;
-        if now_tree == target {
+        let Some(now_tree) = self.to_put_back(target, what)? else {
             return Ok(None);
-        }
-        self.restorable(&now_tree, target, what)?;
+        };
         let refname = format!("refs/keel/{}/interrupted/{}", self.run.id, self.run.seq);
         self.env.git.clear_ref_lock(&refname)?;
         let head = self.env.git.head()?;

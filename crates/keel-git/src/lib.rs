@@ -614,25 +614,15 @@ impl Git {
                 reason: "must be non-empty and on one line",
             });
         }
-        // cat-file reads the name from stdin: no option injection, and it checks that the
-        // object exists (rev-parse --verify does not for a full hex id).
-        let check = self
-            .git()
-            .args(["cat-file", "--batch-check=%(objectname)"])
-            .stdin(format!("{rev}\n").into_bytes());
-        let line = check.run_line("an object id or \"missing\"")?;
-        if is_object_id(&line) {
-            Ok(Some(line))
-        } else if line == format!("{rev} missing") {
-            Ok(None)
-        } else if line == format!("{rev} ambiguous") {
-            Err(GitError::InvalidArgument {
+        // One answer for the one name (`lookup` checks the count).
+        match self.lookup(&[rev])?.pop() {
+            Some(Lookup::Found(id)) => Ok(Some(id)),
+            Some(Lookup::Missing) | None => Ok(None),
+            Some(Lookup::Ambiguous) => Err(GitError::InvalidArgument {
                 what: "revision",
                 value: rev.to_string(),
                 reason: "is an ambiguous abbreviated object id",
-            })
-        } else {
-            Err(check.unexpected("an object id or \"missing\"", line))
+            }),
         }
     }
 
@@ -730,9 +720,9 @@ impl Git {
         // Every file to be written must be there before anything is deleted: checkout-index
         // stops at the first object it cannot read, and the working tree would be left half
         // put back.
-        let needed = entries.iter().filter(|entry| {
-            entry.status != 'D' && entry.new_mode != GITLINK_MODE && wanted(&entry.path)
-        });
+        let needed = entries
+            .iter()
+            .filter(|entry| entry.writes_a_file() && wanted(&entry.path));
         let missing = self.missing_blobs(needed)?;
         if !missing.is_empty() {
             return Err(GitError::ObjectsMissing {
@@ -745,8 +735,7 @@ impl Git {
         let mut to_write = Vec::new();
         // Deletions first, so that a directory that becomes a file (or the reverse) is free.
         for entry in &entries {
-            let submodule = entry.old_mode == GITLINK_MODE || entry.new_mode == GITLINK_MODE;
-            if submodule || !wanted(&entry.path) {
+            if entry.submodule() || !wanted(&entry.path) {
                 continue;
             }
             if entry.status == 'D' {
@@ -786,11 +775,9 @@ impl Git {
         tree: &str,
     ) -> Result<Vec<MissingObject>, GitError> {
         match self.diff_tree(from, tree, false) {
-            Ok((entries, _, _)) => self.missing_blobs(
-                entries
-                    .iter()
-                    .filter(|entry| entry.status != 'D' && entry.new_mode != GITLINK_MODE),
-            ),
+            Ok((entries, _, _)) => {
+                self.missing_blobs(entries.iter().filter(|entry| entry.writes_a_file()))
+            }
             Err(error) => match self.objects_missing(tree, self.missing_below(tree), error) {
                 GitError::ObjectsMissing { missing, .. } => Ok(missing),
                 error => Err(error),
@@ -807,36 +794,56 @@ impl Git {
         if entries.is_empty() {
             return Ok(Vec::new());
         }
-        let mut ids = Vec::new();
         for entry in &entries {
             check_rev("object", &entry.new_id)?;
-            ids.extend_from_slice(entry.new_id.as_bytes());
-            ids.push(b'\n');
+        }
+        let ids: Vec<&str> = entries.iter().map(|entry| entry.new_id.as_str()).collect();
+        let found = self.lookup(&ids)?;
+        Ok(entries
+            .iter()
+            .zip(found)
+            .filter(|(_, found)| *found == Lookup::Missing)
+            .map(|(entry, _)| MissingObject {
+                path: Some(entry.path.clone()),
+                id: entry.new_id.clone(),
+            })
+            .collect())
+    }
+
+    /// Each of `names` (one line each) looked up with one `git cat-file --batch-check`, which
+    /// reads them from stdin (no option injection) and checks that each object exists
+    /// (`rev-parse --verify` does not for a full hex id).
+    fn lookup(&self, names: &[&str]) -> Result<Vec<Lookup>, GitError> {
+        let mut input = Vec::new();
+        for name in names {
+            input.extend_from_slice(name.as_bytes());
+            input.push(b'\n');
         }
         let check = self
             .git()
             .args(["cat-file", "--batch-check=%(objectname)"])
-            .stdin(ids);
+            .stdin(input);
         let output = check.run()?;
         let output = String::from_utf8_lossy(&output);
         let lines: Vec<&str> = output.lines().collect();
-        if lines.len() != entries.len() {
+        if lines.len() != names.len() {
             return Err(check.unexpected("a line for each object", output.into_owned()));
         }
-        let mut missing = Vec::new();
-        for (entry, line) in entries.iter().zip(lines) {
-            if line == entry.new_id {
-                continue;
-            }
-            if line != format!("{} missing", entry.new_id) {
-                return Err(check.unexpected("an object id or \"missing\"", line.to_string()));
-            }
-            missing.push(MissingObject {
-                path: Some(entry.path.clone()),
-                id: entry.new_id.clone(),
-            });
-        }
-        Ok(missing)
+        names
+            .iter()
+            .zip(lines)
+            .map(|(name, line)| {
+                if is_object_id(line) {
+                    Ok(Lookup::Found(line.to_string()))
+                } else if line == format!("{name} missing") {
+                    Ok(Lookup::Missing)
+                } else if line == format!("{name} ambiguous") {
+                    Ok(Lookup::Ambiguous)
+                } else {
+                    Err(check.unexpected("an object id or \"missing\"", line.to_string()))
+                }
+            })
+            .collect()
     }
 
     /// Every object below `tree` the repository does not have, as `git rev-list` finds them
@@ -1151,6 +1158,14 @@ pub fn list_missing(missing: &[MissingObject]) -> String {
     list.join(", ")
 }
 
+/// What `git cat-file --batch-check` says of one name.
+#[derive(Debug, PartialEq, Eq)]
+enum Lookup {
+    Found(String),
+    Missing,
+    Ambiguous,
+}
+
 /// One record of `git diff-tree --raw`.
 #[derive(Debug)]
 struct RawEntry {
@@ -1160,6 +1175,18 @@ struct RawEntry {
     new_id: String,
     status: char,
     path: String,
+}
+
+impl RawEntry {
+    /// A submodule on either side: a restore leaves it as it is.
+    fn submodule(&self) -> bool {
+        self.old_mode == GITLINK_MODE || self.new_mode == GITLINK_MODE
+    }
+
+    /// A restore writes this path's file from `new_id`.
+    fn writes_a_file(&self) -> bool {
+        self.status != 'D' && !self.submodule()
+    }
 }
 
 /// Parses `diff-tree -z --raw [--numstat]` output: raw records

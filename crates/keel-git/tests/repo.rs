@@ -191,6 +191,37 @@ fn resolve_gives_full_ids_and_none_for_what_does_not_exist() {
 }
 
 #[test]
+fn resolve_refuses_an_abbreviation_two_objects_share() {
+    let repo = Repo::new();
+    let git = repo.open(&[]);
+    // Enough blobs that two ids share their first four digits (by the birthday bound, about
+    // 300 do on average; these 1,000 fixed contents do), then the first such pair.
+    let paths: Vec<String> = (0..1000).map(|i| format!("blobs/{i}")).collect();
+    for (i, path) in paths.iter().enumerate() {
+        repo.write(path, &format!("{i}\n"));
+    }
+    let mut args = vec!["hash-object", "-w", "--"];
+    args.extend(paths.iter().map(String::as_str));
+    let ids = repo.git(&args);
+    let mut seen = std::collections::HashMap::new();
+    let shared = ids
+        .lines()
+        .find_map(|id| {
+            seen.insert(id[..4].to_string(), id.to_string())
+                .map(|_| id[..4].to_string())
+        })
+        .expect("two of 1,000 ids share four digits");
+    let error = git.resolve(&shared).unwrap_err();
+    assert!(
+        matches!(&error, GitError::InvalidArgument { reason, .. } if reason.contains("ambiguous")),
+        "{error:?}"
+    );
+    // A longer prefix of one of them is that one.
+    let one = &seen[&shared];
+    assert_eq!(git.resolve(&one[..12]).unwrap(), Some(one.clone()));
+}
+
+#[test]
 fn version_is_the_trimmed_version_line() {
     let repo = Repo::new();
     let version = repo.open(&[]).version().unwrap();
