@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,9 @@ pub struct Concurrent {
     pub peak_rss_kb: Option<u64>,
     pub peak_reset: bool,
     pub cpu: util::Cpu,
+    /// The part of `cpu.process_us` the fake model's threads spent (reading requests, writing
+    /// answers): CPU of this machine, but not keel's, the model standing for a server elsewhere.
+    pub model_server_us: f64,
     /// The store's shared transactions over the runs (see keel-store `batch`).
     pub commits: keel_store::CommitStats,
     /// Each model exchange as keel's driver timed it (`model_replied.duration_ms`), sorted:
@@ -135,6 +138,7 @@ pub fn measure(
     let cpu_after = util::cpu();
     let peak_rss_kb = util::status_kb("VmHWM");
     let steps = server.answered.load(Ordering::SeqCst) as u64;
+    let model_server_us = server.cpu_us.load(Ordering::SeqCst) as f64;
     let commits_after = watch.shared_commit_stats();
     server.stop();
     let (mut exchange_ms, mut run_ms) = (Vec::new(), Vec::new());
@@ -173,6 +177,7 @@ pub fn measure(
             process_us: cpu_after.process_us - cpu_before.process_us,
             children_us: cpu_after.children_us - cpu_before.children_us,
         },
+        model_server_us,
         commits: keel_store::CommitStats {
             transactions: commits_after.transactions - commits_before.transactions,
             commits: commits_after.commits - commits_before.commits,
@@ -321,6 +326,8 @@ tools = ["read", "note", "finish"]
 struct FakeModel {
     url: String,
     answered: Arc<AtomicUsize>,
+    /// CPU the connections' threads spent serving requests, in µs (see [`serve`]).
+    cpu_us: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -330,10 +337,11 @@ impl FakeModel {
         let listener = TcpListener::bind("127.0.0.1:0").context("binding the fake model")?;
         let url = format!("http://{}", listener.local_addr()?);
         let answered = Arc::new(AtomicUsize::new(0));
+        let cpu_us = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let calls: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
         let thread = {
-            let (answered, stop) = (answered.clone(), stop.clone());
+            let (answered, cpu_us, stop) = (answered.clone(), cpu_us.clone(), stop.clone());
             std::thread::spawn(move || {
                 for conn in listener.incoming() {
                     if stop.load(Ordering::SeqCst) {
@@ -344,9 +352,10 @@ impl FakeModel {
                     // after a small one waits for its acknowledgement, which the client delays
                     // (about 40 ms on Linux), and the model answered after 90 ms, not 50.
                     let _ = conn.set_nodelay(true);
-                    let (answered, calls) = (answered.clone(), calls.clone());
+                    let (answered, cpu_us, calls) =
+                        (answered.clone(), cpu_us.clone(), calls.clone());
                     std::thread::spawn(move || {
-                        let _ = serve(conn, latency, steps_per_run, &calls, &answered);
+                        let _ = serve(conn, latency, steps_per_run, &calls, &answered, &cpu_us);
                     });
                 }
             })
@@ -354,6 +363,7 @@ impl FakeModel {
         Ok(FakeModel {
             url,
             answered,
+            cpu_us,
             stop,
             thread: Some(thread),
         })
@@ -371,16 +381,20 @@ impl FakeModel {
     }
 }
 
-/// One connection: requests until the client closes it, each answered after `latency`.
+/// One connection: requests until the client closes it, each answered after `latency`. The
+/// thread's CPU is added to `cpu_us` after each answer (from the thread's start, then from the
+/// answer before), so that what the server spent before the runs ended is counted.
 fn serve(
     conn: TcpStream,
     latency: Duration,
     steps_per_run: usize,
     calls: &Mutex<HashMap<String, usize>>,
     answered: &AtomicUsize,
+    cpu_us: &AtomicU64,
 ) -> Result<()> {
     let mut reader = BufReader::new(conn.try_clone()?);
     let mut conn = conn;
+    let mut counted = 0;
     loop {
         let mut line = String::new();
         if reader.read_line(&mut line)? == 0 {
@@ -444,6 +458,9 @@ fn serve(
         );
         conn.write_all(answer.as_bytes())?;
         conn.flush()?;
+        let spent = util::thread_cpu_us();
+        cpu_us.fetch_add(spent.saturating_sub(counted), Ordering::SeqCst);
+        counted = spent;
     }
 }
 

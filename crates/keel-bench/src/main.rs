@@ -584,6 +584,8 @@ fn survey_figures(
 /// reach when the CPUs cannot give each step its CPU that often, however keel schedules them.
 fn cpu_bound(c: &concurrent::Concurrent, target_steps_per_s: f64) -> Value {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // All of it ran on this machine's CPUs: keel's process (the fake model's threads included)
+    // and its children.
     let cpu_s = (c.cpu.process_us + c.cpu.children_us) / 1e6;
     let per_step_s = cpu_s / c.steps.max(1) as f64;
     let at_full = if per_step_s > 0.0 {
@@ -597,8 +599,9 @@ fn cpu_bound(c: &concurrent::Concurrent, target_steps_per_s: f64) -> Value {
         "steps_per_s_at_full_cpu": at_full,
         "cpus_the_target_needs": round3(target_steps_per_s * per_step_s),
         "cpu_busy": round3(cpu_s / c.elapsed.as_secs_f64().max(1e-9) / cpus as f64),
-        "note": "cpu_ms_per_step: keel's process and its children (cpu_ms_per_step above, \
-                 added). steps_per_s_at_full_cpu = cpus / cpu_ms_per_step: no schedule of these \
+        "note": "cpu_ms_per_step: everything the runs cost this machine's CPUs, the three parts \
+                 of cpu_ms_per_step above added (keel, its children, the fake model). \
+                 steps_per_s_at_full_cpu = cpus / cpu_ms_per_step: no schedule of these \
                  steps is faster on this machine. cpus_the_target_needs = 80% of \
                  allowed_steps_per_s × cpu_ms_per_step: above cpus, the target is out of this \
                  machine's reach at this CPU per step, and near it the runs wait for a CPU as \
@@ -672,8 +675,9 @@ fn concurrent_figure(c: &concurrent::Concurrent) -> Value {
     f.insert(
         "cpu_ms_per_step".into(),
         json!({
-            "process": round3(c.cpu.process_us / 1000.0 / c.steps.max(1) as f64),
+            "process": round3((c.cpu.process_us - c.model_server_us).max(0.0) / 1000.0 / c.steps.max(1) as f64),
             "children": round3(c.cpu.children_us / 1000.0 / c.steps.max(1) as f64),
+            "model_server": round3(c.model_server_us / 1000.0 / c.steps.max(1) as f64),
         }),
     );
     f.insert("cpu_bound".into(), cpu_bound(c, 0.8 * allowed));

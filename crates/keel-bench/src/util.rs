@@ -83,6 +83,19 @@ pub fn cpu() -> Cpu {
     }
 }
 
+/// The CPU (user and system) the calling thread has used, in µs; 0 if it cannot be read.
+pub fn thread_cpu_us() -> u64 {
+    getrusage(UsageWho::RUSAGE_THREAD)
+        .map(|u| {
+            let t = |tv: nix::sys::time::TimeVal| {
+                u64::try_from(tv.tv_sec()).unwrap_or(0) * 1_000_000
+                    + u64::try_from(tv.tv_usec()).unwrap_or(0)
+            };
+            t(u.user_time()) + t(u.system_time())
+        })
+        .unwrap_or(0)
+}
+
 /// A field of `/proc/self/status` in kB (`VmHWM`, `VmRSS`).
 pub fn status_kb(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
