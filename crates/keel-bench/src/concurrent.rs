@@ -178,12 +178,7 @@ pub fn measure(
             children_us: cpu_after.children_us - cpu_before.children_us,
         },
         model_server_us,
-        commits: keel_store::CommitStats {
-            transactions: commits_after.transactions - commits_before.transactions,
-            commits: commits_after.commits - commits_before.commits,
-            largest: commits_after.largest,
-            boosted: commits_after.boosted - commits_before.boosted,
-        },
+        commits: commits_after.since(&commits_before),
         exchange_ms,
         run_ms,
         drive_ms,

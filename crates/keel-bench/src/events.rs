@@ -93,6 +93,7 @@ pub fn measure(
         stats.commits += s.commits;
         stats.largest = stats.largest.max(s.largest);
         stats.boosted += s.boosted;
+        stats.held_us += s.held_us;
     }
     Ok(Trial {
         writers,
@@ -142,12 +143,7 @@ fn trial(
         Ok((started.elapsed(), counts))
     })?;
     let after = counter.shared_commit_stats();
-    let stats = CommitStats {
-        transactions: after.transactions - before.transactions,
-        commits: after.commits - before.commits,
-        largest: after.largest,
-        boosted: after.boosted - before.boosted,
-    };
+    let stats = after.since(&before);
     Ok((events, commits, elapsed, stats))
 }
 

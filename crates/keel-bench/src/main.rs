@@ -692,6 +692,10 @@ fn concurrent_figure(c: &concurrent::Concurrent) -> Value {
             ),
             "largest_transaction": c.commits.largest,
             "boosted_transactions": c.commits.boosted,
+            "write_lock_busy": round3(c.commits.held_us as f64 / 1e6 / secs.max(1e-9)),
+            "mean_transaction_us": round1(
+                c.commits.held_us as f64 / c.commits.transactions.max(1) as f64
+            ),
         }),
     );
     let quantiles = |v: &[u64]| {

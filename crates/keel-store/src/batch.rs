@@ -41,6 +41,8 @@ pub(crate) struct Writers {
     largest: AtomicU64,
     /// Transactions whose leader ran at a raised priority (see [`Boost`]).
     boosted: AtomicU64,
+    /// How long the write lock was held for those transactions, in all, in µs.
+    held_us: AtomicU64,
 }
 
 #[derive(Default)]
@@ -70,14 +72,30 @@ struct Slot {
 }
 
 /// The transactions `Store::commit` wrote to one store file in this process: how many, the
-/// commits they held, the most one held, and how many were written by a leader that had others
-/// waiting and could raise its thread's priority meanwhile.
+/// commits they held, the most one held, how many were written by a leader that had others
+/// waiting and could raise its thread's priority meanwhile, and how long the write lock was
+/// held for them in all (µs; where it is near the wall time, commits queue behind one another).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CommitStats {
     pub transactions: u64,
     pub commits: u64,
     pub largest: u64,
     pub boosted: u64,
+    pub held_us: u64,
+}
+
+impl CommitStats {
+    /// What was written since `before` (stats of the same store, taken earlier); `largest`
+    /// stays the most one transaction held over the whole time.
+    pub fn since(&self, before: &CommitStats) -> CommitStats {
+        CommitStats {
+            transactions: self.transactions.saturating_sub(before.transactions),
+            commits: self.commits.saturating_sub(before.commits),
+            largest: self.largest,
+            boosted: self.boosted.saturating_sub(before.boosted),
+            held_us: self.held_us.saturating_sub(before.held_us),
+        }
+    }
 }
 
 /// A commit left in the queue by a thread that found the lock taken: made ready before it was
@@ -115,7 +133,31 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The write lock, held: the time it was held is added to the stats when it is given back.
+struct Held<'a> {
+    writers: &'a Writers,
+    since: std::time::Instant,
+    _guard: std::sync::MutexGuard<'a, ()>,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        let us = u64::try_from(self.since.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.writers.held_us.fetch_add(us, Ordering::Relaxed);
+    }
+}
+
 impl Writers {
+    /// Takes the write lock (waiting for it).
+    fn hold(&self) -> Held<'_> {
+        let guard = lock(&self.lock);
+        Held {
+            writers: self,
+            since: std::time::Instant::now(),
+            _guard: guard,
+        }
+    }
+
     /// Commits waiting for the lock now.
     pub(crate) fn waiting(&self) -> usize {
         let state = lock(&self.state);
@@ -129,6 +171,7 @@ impl Writers {
             commits: self.commits.load(Ordering::Relaxed),
             largest: self.largest.load(Ordering::Relaxed),
             boosted: self.boosted.load(Ordering::Relaxed),
+            held_us: self.held_us.load(Ordering::Relaxed),
         }
     }
 
@@ -149,7 +192,7 @@ impl Writers {
         busy: std::time::Duration,
     ) -> Result<Rows, StoreError> {
         if !grouped {
-            let _held = lock(&self.lock);
+            let _held = self.hold();
             let outcome = write(self, conn, path, Some(&commit), &[]);
             return outcome
                 .unwrap_or_else(|| Err(abandoned(path)))
@@ -162,7 +205,7 @@ impl Writers {
             state.leader_waiting = true;
             drop(state);
             let _leading = Leading(self);
-            let _held = lock(&self.lock);
+            let _held = self.hold();
             let waiting = {
                 let mut state = lock(&self.state);
                 state.leader_waiting = false;
@@ -196,7 +239,7 @@ impl Writers {
                 state.leading = true;
                 drop(state);
                 let _leading = Leading(self);
-                let _held = lock(&self.lock);
+                let _held = self.hold();
                 let waiting = std::mem::take(&mut lock(&self.state).queue);
                 self.lead(conn, path, busy, None, &waiting);
                 break;

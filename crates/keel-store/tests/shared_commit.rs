@@ -311,8 +311,13 @@ fn a_leader_with_commits_waiting_runs_at_a_raised_priority_and_a_lone_one_does_n
         run = after;
     }
     let lone = holder.shared_commit_stats();
-    assert_eq!(lone.transactions - before.transactions, 3);
-    assert_eq!(lone.boosted - before.boosted, 0);
+    let written = lone.since(&before);
+    assert_eq!(written.transactions, 3);
+    assert_eq!(written.commits, 3);
+    assert_eq!(written.boosted, 0);
+    // Three synced transactions held the write lock for some time; a lock held without a
+    // transaction (`hold_writes` below) is not counted.
+    assert!(written.held_us > 0, "{written:?}");
 
     // Three commits wait for the lock: the one that leads writes them with others waiting.
     let allowed = keel_test_support::priority::may_raise_priority();
@@ -334,6 +339,7 @@ fn a_leader_with_commits_waiting_runs_at_a_raised_priority_and_a_lone_one_does_n
     });
     let shared = holder.shared_commit_stats();
     assert_eq!(shared.transactions - lone.transactions, 1);
+    assert!(shared.held_us > lone.held_us, "{shared:?} {lone:?}");
     if allowed {
         assert_eq!(shared.boosted - lone.boosted, 1);
     } else {
