@@ -68,32 +68,24 @@ pub struct Cpu {
 }
 
 pub fn cpu() -> Cpu {
-    let of = |who| {
-        getrusage(who)
-            .map(|u| {
-                let t =
-                    |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 * 1e6 + tv.tv_usec() as f64;
-                t(u.user_time()) + t(u.system_time())
-            })
-            .unwrap_or(0.0)
-    };
     Cpu {
-        process_us: of(UsageWho::RUSAGE_SELF),
-        children_us: of(UsageWho::RUSAGE_CHILDREN),
+        process_us: used_us(UsageWho::RUSAGE_SELF) as f64,
+        children_us: used_us(UsageWho::RUSAGE_CHILDREN) as f64,
     }
 }
 
-/// The CPU (user and system) the calling thread has used, in µs; 0 if it cannot be read.
+/// The CPU (user and system) the calling thread has used, in µs.
 pub fn thread_cpu_us() -> u64 {
-    getrusage(UsageWho::RUSAGE_THREAD)
-        .map(|u| {
-            let t = |tv: nix::sys::time::TimeVal| {
-                u64::try_from(tv.tv_sec()).unwrap_or(0) * 1_000_000
-                    + u64::try_from(tv.tv_usec()).unwrap_or(0)
-            };
-            t(u.user_time()) + t(u.system_time())
-        })
-        .unwrap_or(0)
+    used_us(UsageWho::RUSAGE_THREAD)
+}
+
+/// User and system CPU of `who` in µs; 0 if it cannot be read.
+fn used_us(who: UsageWho) -> u64 {
+    let us = |tv: nix::sys::time::TimeVal| {
+        u64::try_from(tv.tv_sec()).unwrap_or(0) * 1_000_000
+            + u64::try_from(tv.tv_usec()).unwrap_or(0)
+    };
+    getrusage(who).map_or(0, |u| us(u.user_time()) + us(u.system_time()))
 }
 
 /// A field of `/proc/self/status` in kB (`VmHWM`, `VmRSS`).

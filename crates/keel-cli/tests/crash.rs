@@ -405,13 +405,7 @@ fn a_resume_that_cannot_find_the_interrupted_steps_tree_says_so_and_changes_noth
     let n = common::nth_point(&points, "command ended", 2) as u64 + 1;
     let id = common::killed_at(&sc.fx, n);
     let pin = format!("refs/keel/{id}/pinned/step");
-    let deleted = std::process::Command::new("git")
-        .arg("-C")
-        .arg(sc.fx.root())
-        .args(["update-ref", "-d", &pin])
-        .status()
-        .unwrap();
-    assert!(deleted.success());
+    common::git_stdout(sc.fx.root(), &["update-ref", "-d", &pin], b"");
     common::git_gc_prune_now(sc.fx.root());
     refused_and_cancelled(
         &sc,

@@ -524,17 +524,7 @@ pub fn count_events(conn: &rusqlite::Connection, id: Option<&str>) -> u64 {
 /// as git's own garbage collection leaves a repository two weeks after they were written.
 #[allow(dead_code)]
 pub fn git_gc_prune_now(root: &Path) {
-    let out = std::process::Command::new("git")
-        .arg("-C")
-        .arg(root)
-        .args(["gc", "--quiet", "--prune=now"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    git_stdout(root, &["gc", "--quiet", "--prune=now"], b"");
 }
 
 /// What `git <args>` in `root` prints with `input` on its standard input, trimmed; it must
