@@ -465,9 +465,69 @@ fn shared_http(loopback: bool) -> ureq::Agent {
                 builder.proxy(ureq::Proxy::try_from_env())
             };
             HTTP_CLIENTS_BUILT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            builder.build().new_agent()
+            ureq::Agent::with_parts(
+                builder.build(),
+                ureq::unversioned::transport::DefaultConnector::default(),
+                LiteralsAsGiven::default(),
+            )
         })
         .clone()
+}
+
+/// ureq's resolver, except that a host that is already an IP address is used as it is.
+///
+/// ureq resolves the host before every request, a kept connection's included, and its default
+/// resolver does so in a thread of its own, started and joined each time, whenever the request
+/// has a timeout (every keel request has one), so that a slow DNS lookup can be given up. For an
+/// address such as `127.0.0.1` or `[::1]` there is nothing to look up: that thread was all a
+/// local model's call paid for, about one a model request. Names still go through ureq's
+/// resolver, with its timeout. (`ureq::unversioned` is outside ureq's semver promise: a ureq
+/// upgrade that changes it fails to build here, not at run time.)
+#[derive(Debug, Default)]
+struct LiteralsAsGiven(ureq::unversioned::resolver::DefaultResolver);
+
+impl ureq::unversioned::resolver::Resolver for LiteralsAsGiven {
+    fn resolve(
+        &self,
+        uri: &ureq::http::Uri,
+        config: &ureq::config::Config,
+        timeout: ureq::unversioned::transport::NextTimeout,
+    ) -> Result<ureq::unversioned::resolver::ResolvedSocketAddrs, ureq::Error> {
+        let Some(addr) = literal_address(uri) else {
+            return self.0.resolve(uri, config, timeout);
+        };
+        if config
+            .ip_family()
+            .keep_wanted(std::iter::once(addr))
+            .next()
+            .is_none()
+        {
+            // What ureq's resolver says of an address of a family the config does not want.
+            return Err(ureq::Error::HostNotFound);
+        }
+        let mut addrs = self.empty();
+        addrs.push(addr);
+        Ok(addrs)
+    }
+}
+
+/// The socket address of an `http`/`https` URI whose host is an IP address (IPv6 in brackets),
+/// with the scheme's port when the URI gives none; `None` for a name, or anything else, which
+/// ureq's own resolver then checks and resolves.
+fn literal_address(uri: &ureq::http::Uri) -> Option<std::net::SocketAddr> {
+    let authority = uri.authority()?;
+    let port = match (authority.port_u16(), uri.scheme_str()?) {
+        (Some(port), "http" | "https") => port,
+        (None, "http") => 80,
+        (None, "https") => 443,
+        _ => return None,
+    };
+    let host = authority.host();
+    let ip = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => std::net::IpAddr::V6(v6.parse().ok()?),
+        None => std::net::IpAddr::V4(host.parse().ok()?),
+    };
+    Some(std::net::SocketAddr::new(ip, port))
 }
 
 fn is_loopback(url: &url::Url) -> bool {
@@ -573,6 +633,87 @@ fn describe(error: &ureq::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use ureq::unversioned::resolver::Resolver;
+    use ureq::unversioned::transport::{NextTimeout, time};
+
+    fn resolve_with(
+        config: &ureq::config::Config,
+        uri: &str,
+        after: time::Duration,
+    ) -> Result<Vec<std::net::SocketAddr>, ureq::Error> {
+        let timeout = NextTimeout {
+            after,
+            reason: ureq::Timeout::Resolve,
+            per_read: None,
+            per_write: None,
+        };
+        let addrs = LiteralsAsGiven::default().resolve(&uri.parse().unwrap(), config, timeout)?;
+        Ok(addrs.to_vec())
+    }
+
+    /// An IP address is the address: taken as it is, with the scheme's port when none is
+    /// given, even with no time left to resolve anything (ureq's resolver would start a thread
+    /// and wait for it; with no time left it gives up).
+    #[test]
+    fn ip_address_hosts_are_used_as_given_with_no_lookup() {
+        let config = ureq::Agent::config_builder().build();
+        let none_left = time::Duration::Exact(Duration::ZERO);
+        for (uri, expected) in [
+            ("http://127.0.0.1:8080/v1/chat", "127.0.0.1:8080"),
+            ("http://10.1.2.3/v1", "10.1.2.3:80"),
+            ("https://192.0.2.7/v1/messages", "192.0.2.7:443"),
+            ("https://[::1]:11434/v1", "[::1]:11434"),
+            ("http://[2001:db8::5]/", "[2001:db8::5]:80"),
+        ] {
+            let addrs = resolve_with(&config, uri, none_left).unwrap();
+            assert_eq!(addrs, vec![expected.parse().unwrap()], "{uri}");
+        }
+    }
+
+    /// Names (and anything that is not a plain `http`/`https` IP address) go to ureq's own
+    /// resolver, its timeout included.
+    #[test]
+    fn names_are_resolved_by_ureq() {
+        for uri in [
+            "http://localhost:9/",
+            "https://api.openai.com/v1",
+            "http://127.0.0.1.example:80/",
+            "socks5://127.0.0.1:1080",
+        ] {
+            assert_eq!(literal_address(&uri.parse().unwrap()), None, "{uri}");
+        }
+        let config = ureq::Agent::config_builder().build();
+        let addrs = resolve_with(
+            &config,
+            "http://localhost:9/",
+            time::Duration::from_secs(30),
+        )
+        .expect("localhost resolves");
+        assert!(!addrs.is_empty());
+        assert!(
+            addrs.iter().all(|a| a.ip().is_loopback() && a.port() == 9),
+            "{addrs:?}"
+        );
+    }
+
+    /// An address of a family the config does not want is refused, as ureq's resolver refuses
+    /// it.
+    #[test]
+    fn an_ip_address_of_an_unwanted_family_is_not_found() {
+        let v4_only = ureq::Agent::config_builder()
+            .ip_family(ureq::config::IpFamily::Ipv4Only)
+            .build();
+        let forever = time::Duration::NotHappening;
+        assert!(matches!(
+            resolve_with(&v4_only, "http://[::1]:8080/", forever),
+            Err(ureq::Error::HostNotFound)
+        ));
+        assert_eq!(
+            resolve_with(&v4_only, "http://127.0.0.1:8080/", forever).unwrap(),
+            vec!["127.0.0.1:8080".parse().unwrap()]
+        );
+    }
 
     #[test]
     fn backoff_doubles_up_to_the_cap_with_full_jitter() {
