@@ -80,6 +80,94 @@ fn wait_with_cpu(
     }
 }
 
+/// A started command being waited for, with a limit on the wait.
+enum Waiting {
+    /// The usual way: the calling thread polls a pidfd of the child (readable once it has
+    /// exited) for at most the limit, then reaps it. No thread is started for the wait.
+    Pidfd {
+        child: std::process::Child,
+        pidfd: std::os::fd::OwnedFd,
+    },
+    /// Where the kernel has no pidfds (before Linux 5.3) or one cannot be opened: a thread
+    /// reaps the child and hands its status over a channel, which is received with a limit.
+    Thread {
+        done: mpsc::Receiver<std::io::Result<(std::process::ExitStatus, u64)>>,
+        thread: std::thread::JoinHandle<()>,
+    },
+}
+
+impl Waiting {
+    fn start(child: std::process::Child) -> Waiting {
+        // The child is not reaped until this process waits for it, so its pid names it here.
+        let pid = rustix::process::Pid::from_child(&child);
+        match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) {
+            Ok(pidfd) => Waiting::Pidfd { child, pidfd },
+            Err(_) => Waiting::by_thread(child),
+        }
+    }
+
+    fn by_thread(mut child: std::process::Child) -> Waiting {
+        let (tx, done) = mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let _ = tx.send(wait_with_cpu(&mut child));
+        });
+        Waiting::Thread { done, thread }
+    }
+
+    /// The command's end (its status and CPU, or why they could not be read), if it ends
+    /// within `limit`; `None` if it still runs.
+    fn within(
+        &mut self,
+        limit: Duration,
+    ) -> Option<std::io::Result<(std::process::ExitStatus, u64)>> {
+        match self {
+            Waiting::Pidfd { child, pidfd } => match exits_within(pidfd, limit) {
+                Ok(false) => None,
+                Ok(true) => Some(wait_with_cpu(child)),
+                Err(e) => {
+                    // Not left running unwatched: the group is killed and the child reaped.
+                    let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+                    let _ = wait_with_cpu(child);
+                    Some(Err(e))
+                }
+            },
+            Waiting::Thread { done, .. } => done.recv_timeout(limit).ok(),
+        }
+    }
+
+    /// Waits for the command's end, however long it takes (after it was killed).
+    fn end(self) -> std::io::Result<(std::process::ExitStatus, u64)> {
+        match self {
+            Waiting::Pidfd { mut child, .. } => wait_with_cpu(&mut child),
+            Waiting::Thread { done, thread } => {
+                let status = done.recv().map_err(std::io::Error::other)?;
+                let _ = thread.join();
+                status
+            }
+        }
+    }
+}
+
+/// Whether the process of `pidfd` exits within `limit` (it may have already).
+fn exits_within(pidfd: &std::os::fd::OwnedFd, limit: Duration) -> std::io::Result<bool> {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        // A limit too far off to write as a timespec is no limit.
+        let left = Timespec::try_from(left).ok();
+        let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
+        match poll(&mut fds, left.as_ref()) {
+            Ok(0) if Instant::now() >= deadline => return Ok(false),
+            // Woken early (the kernel may round a timeout down): wait for what is left.
+            Ok(0) => continue,
+            Ok(_) => return Ok(true),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// Runs `sh -c command` in `dir`, unconfined, output (stdout and stderr together) to `output`,
 /// for at most `timeout`. `env` is added to the inherited environment.
 #[cfg(test)]
@@ -147,24 +235,21 @@ fn spawn_and_wait(
     // started without a fork, which would copy keel's memory map).
     cmd.stdin(stdin).stdout(out).stderr(err).process_group(0);
     let started = Instant::now();
-    let mut child = spawn(cmd)?;
+    let child = spawn(cmd)?;
     let pgid = Pid::from_raw(child.id() as i32);
     fault::point("command running");
-    let (tx, rx) = mpsc::channel();
-    let waiter = std::thread::spawn(move || {
-        let _ = tx.send(wait_with_cpu(&mut child));
-    });
+    let mut waiting = Waiting::start(child);
     let mut timed_out = false;
-    let status = match rx.recv_timeout(timeout) {
-        Ok(status) => status,
-        Err(_) => {
+    let status = match waiting.within(timeout) {
+        Some(status) => status,
+        None => {
             timed_out = true;
             let _ = killpg(pgid, Signal::SIGTERM);
-            match rx.recv_timeout(GRACE) {
-                Ok(status) => status,
-                Err(_) => {
+            match waiting.within(GRACE) {
+                Some(status) => status,
+                None => {
                     let _ = killpg(pgid, Signal::SIGKILL);
-                    rx.recv().map_err(std::io::Error::other)?
+                    waiting.end()
                 }
             }
         }
@@ -172,7 +257,6 @@ fn spawn_and_wait(
     // Whatever the command left running in its group goes with it: steps are short and must not
     // leave processes behind that change the workspace later.
     let _ = killpg(pgid, Signal::SIGKILL);
-    let _ = waiter.join();
     let (status, cpu_ms) = status?;
     let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let described = if timed_out {
@@ -571,6 +655,38 @@ mod tests {
         let o = run_shell(shown, dir.path(), &secret, &out, Duration::from_secs(30)).unwrap();
         assert!(o.success);
         assert_eq!(std::fs::read_to_string(&out).unwrap(), "[unset]\n");
+    }
+
+    /// Both ways of waiting (a pidfd polled by the caller, the fallback's thread) see a
+    /// command that ends within the limit end, with its status, and one that does not as still
+    /// running, until it is killed.
+    #[test]
+    fn both_ways_of_waiting_tell_an_end_from_a_command_still_running() {
+        let start = |script: &str| {
+            let mut cmd = Command::new("sh");
+            cmd.args(["-c", script]).process_group(0);
+            cmd.spawn().unwrap()
+        };
+        type Way = fn(std::process::Child) -> Waiting;
+        let ways: [(&str, Way); 2] = [("pidfd", Waiting::start), ("thread", Waiting::by_thread)];
+        for (way, wait) in ways {
+            let mut quick = wait(start("exit 3"));
+            let (status, _) = quick.within(Duration::from_secs(60)).unwrap().unwrap();
+            assert_eq!(status.code(), Some(3), "{way}");
+
+            let slow = start("sleep 60");
+            let pgid = Pid::from_raw(slow.id() as i32);
+            let mut slow = wait(slow);
+            assert!(slow.within(Duration::from_millis(50)).is_none(), "{way}");
+            killpg(pgid, Signal::SIGKILL).unwrap();
+            let (status, _) = slow.end().unwrap();
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(status.signal(), Some(9), "{way}");
+        }
+        // The usual way is the pidfd's on any kernel keel's sandbox runs on (5.3 and later).
+        let waiting = Waiting::start(start("true"));
+        assert!(matches!(waiting, Waiting::Pidfd { .. }));
+        waiting.end().unwrap();
     }
 
     #[test]
