@@ -1361,9 +1361,10 @@ impl Engine<'_> {
         } else {
             self.env.git.diff(&pre, &post.tree)?.files_changed
         };
-        let signature = blake3::hash(outcomes.join("\n").as_bytes()).to_hex()[..16].to_string();
-        let output = self.store.put_artifact(outcomes.join("\n").as_bytes())?;
-        let finished = EventBody::StepFinished {
+        let outcomes = outcomes.join("\n");
+        let signature = blake3::hash(outcomes.as_bytes()).to_hex()[..16].to_string();
+        let output = self.store.put_artifact(outcomes.as_bytes())?;
+        let finished = |post| EventBody::StepFinished {
             step: id,
             signature: Some(signature),
             status: "decided".into(),
@@ -1371,7 +1372,7 @@ impl Engine<'_> {
             duration_ms: 0,
             cpu_ms: 0,
             output,
-            post: post.clone(),
+            post,
             files_written,
             diff_files,
             diff_lines,
@@ -1384,11 +1385,11 @@ impl Engine<'_> {
         // With no step verifier to run, nothing happens between the step's end and its
         // verification: one commit (one fsync) records both.
         if verifiers.is_empty() {
-            let mut last = vec![finished, EventBody::StepVerified { step: id }];
+            let mut last = vec![finished(post), EventBody::StepVerified { step: id }];
             last.extend(then(self));
             return self.commit_then_stop(last, Some(id));
         }
-        self.commit(vec![finished])?;
+        self.commit(vec![finished(post.clone())])?;
         for v in verifiers {
             let evidence = self.run_verifier(&v, Some(id), None, &post)?;
             if !evidence.passed {

@@ -67,13 +67,20 @@ fn prompt_json(prompt: &Prompt, tools: &[ToolSpec]) -> Vec<u8> {
         tokens: u64,
         tools: Vec<&'a str>,
     }
-    serde_json::to_vec(&Request {
-        system: &prompt.system,
-        user: &prompt.user,
-        tokens: prompt.tokens,
-        tools: tools.iter().map(|t| t.name.as_str()).collect(),
-    })
-    .unwrap_or_default()
+    // Room for the prompt's text, its escapes and the JSON around it, so that the bytes are not
+    // copied again as they grow.
+    let text = prompt.system.len() + prompt.user.len();
+    let mut out = Vec::with_capacity(text + text / 8 + 256);
+    serde_json::to_writer(
+        &mut out,
+        &Request {
+            system: &prompt.system,
+            user: &prompt.user,
+            tokens: prompt.tokens,
+            tools: tools.iter().map(|t| t.name.as_str()).collect(),
+        },
+    )
+    .map_or_else(|_| Vec::new(), |()| out)
 }
 
 /// One action of a script: tool calls, optional text, optional usage.

@@ -49,11 +49,13 @@ pub(crate) fn encode_from(bytes: &[u8], smallest: usize) -> (i64, Cow<'_, [u8]>)
     if bytes.len() >= smallest
         && let Ok(len) = u32::try_from(bytes.len())
     {
-        let mut frame =
-            Vec::with_capacity(4 + lz4_flex::block::get_maximum_output_size(bytes.len()));
-        frame.extend_from_slice(&len.to_le_bytes());
-        frame.extend_from_slice(&lz4_flex::block::compress(bytes));
-        if frame.len() <= bytes.len() - bytes.len() / 8 {
+        // The block is compressed straight into the frame, after the length.
+        let mut frame = vec![0u8; 4 + lz4_flex::block::get_maximum_output_size(bytes.len())];
+        frame[..4].copy_from_slice(&len.to_le_bytes());
+        if let Ok(n) = lz4_flex::block::compress_into(bytes, &mut frame[4..])
+            && 4 + n <= bytes.len() - bytes.len() / 8
+        {
+            frame.truncate(4 + n);
             return (LZ4, Cow::Owned(frame));
         }
     }

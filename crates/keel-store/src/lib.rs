@@ -267,6 +267,9 @@ pub fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
     Connection::open_with_flags_and_vfs(path, rusqlite::OpenFlags::default(), vfs)
 }
 
+/// The page size of a store keel makes (see [`connect`]).
+pub const PAGE_SIZE: i64 = 2048;
+
 /// A connection to the store file at `path` with keel's settings (the schema is not touched).
 pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
     let sql = |source| StoreError::Sqlite {
@@ -275,6 +278,16 @@ pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
     };
     let conn = open_connection(path).map_err(sql)?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(sql)?;
+    // A new store's pages are 2 KB rather than SQLite's 4 KB: every commit writes whole pages
+    // to the WAL (the database header, the run's row, the log's leaf and its parent), mostly
+    // room they leave empty, and on a VM a sync's CPU grows with the bytes it writes. A no-op
+    // step's row of events (about 2.8 KB) then fills one overflow page and keeps the rest, under
+    // 1 KB, in a leaf it shares with the next row: a commit writes 4 or 5 pages of 2 KB where
+    // it wrote 4 of 4 KB. Measured in docs/performance.md ("What the figures show"). SQLite
+    // sets a file's page size when it writes its first page, so an existing store keeps the
+    // size it was made with, and keel reads either.
+    conn.pragma_update(None, "page_size", PAGE_SIZE)
+        .map_err(sql)?;
     retry_busy(|| conn.pragma_update(None, "journal_mode", "WAL")).map_err(sql)?;
     conn.pragma_update(None, "synchronous", "FULL")
         .map_err(sql)?;

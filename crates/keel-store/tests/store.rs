@@ -247,6 +247,48 @@ fn runs_resolve_by_unique_prefix() {
 }
 
 #[test]
+fn a_new_store_has_keels_page_size_and_a_store_made_with_another_keeps_it() {
+    let page_size = |path: &std::path::Path| -> i64 {
+        rusqlite::Connection::open(path)
+            .unwrap()
+            .pragma_query_value(None, "page_size", |r| r.get(0))
+            .unwrap()
+    };
+    let (dir, mut store) = open();
+    let (e, run) = created("r1");
+    store.create_run(&e, &run, "me", 0, 1000).unwrap();
+    drop(store);
+    assert_eq!(
+        page_size(&dir.path().join(".keel/keel.db")),
+        keel_store::PAGE_SIZE
+    );
+
+    // A store an earlier keel made, with SQLite's default of 4 KB.
+    let old = tempfile::tempdir().unwrap();
+    let path = old.path().join("keel.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.pragma_update(None, "page_size", 4096).unwrap();
+        conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+    }
+    assert_eq!(page_size(&path), 4096);
+    let mut store = Store::open(&path).unwrap();
+    let lease = store.create_run(&e, &run, "me", 0, 1000).unwrap();
+    let (events, run2) = next(&run, vec![resumed(1), resumed(1)]);
+    store.commit(&lease, &events, &run2, None, 0).unwrap();
+    drop(store);
+    assert_eq!(
+        page_size(&path),
+        4096,
+        "an existing store keeps its page size"
+    );
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.run("r1").unwrap(), run2);
+    let stored = store.events_from("r1", 1).unwrap();
+    assert_eq!(verify_chain(None, &stored), Ok(3));
+}
+
+#[test]
 fn a_store_from_a_newer_keel_is_refused() {
     let (dir, store) = open();
     drop(store);
