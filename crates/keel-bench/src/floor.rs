@@ -1,6 +1,7 @@
 //! The floor: one single-row SQLite commit, synced to disk, with the settings, the build and
-//! the VFS of SQLite keel-store uses (WAL, `synchronous = FULL`, `fdatasync`, a commit's WAL
-//! frames written in one `pwrite`: `keel_store::vfs`), on the disk the other figures use.
+//! the VFS of SQLite keel-store uses (pages of `keel_store::PAGE_SIZE`, WAL, `synchronous =
+//! FULL`, `fdatasync`, a commit's WAL frames written in one `pwrite`: `keel_store::vfs`), on
+//! the disk the other figures use.
 
 use std::path::Path;
 use std::time::Instant;
@@ -14,10 +15,10 @@ use crate::util::us;
 /// pages), and a commit writes over frames that are already on the disk: the file neither
 /// grows nor takes new blocks. A new WAL's first commits grow it instead, which on ext4 adds a
 /// synchronous write of the file's metadata (its size, its block map) to each sync: twice the
-/// I/O of a commit of a store in use, and half again its CPU. So the floor is measured as a store in use
-/// commits: one transaction of 1,200 pages grows the WAL past the checkpoint threshold, the
-/// checkpoint that follows it copies them to the database, and the next transaction starts
-/// the WAL over from its first frame.
+/// I/O of a commit of a store in use, and half again its CPU. So the floor is measured as a
+/// store in use commits: one transaction of 1,200 rows of 3.5 KB (at least 1,200 pages) grows
+/// the WAL past the checkpoint threshold, the checkpoint that follows it copies them to the
+/// database, and the next transaction starts the WAL over from its first frame.
 fn warm_wal(conn: &Connection) -> Result<()> {
     conn.execute_batch(
         "CREATE TABLE warm (body BLOB NOT NULL);
@@ -38,12 +39,19 @@ fn warm_wal(conn: &Connection) -> Result<()> {
     Ok(())
 }
 
+/// A new database with keel-store's page size, in WAL mode.
+fn open(path: &Path) -> Result<Connection> {
+    let conn = keel_store::open_connection(path)?;
+    conn.pragma_update(None, "page_size", keel_store::PAGE_SIZE)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    Ok(conn)
+}
+
 /// The time of each of `n` commits, and the CPU time (user + system, this process) they took
 /// together, in microseconds.
 pub fn sqlite_commits(dir: &Path, n: usize) -> Result<(Vec<f64>, f64)> {
     std::fs::create_dir_all(dir)?;
-    let conn = keel_store::open_connection(&dir.join("floor.db"))?;
-    conn.pragma_update(None, "journal_mode", "WAL")?;
+    let conn = open(&dir.join("floor.db"))?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")?;
     // About the size of a small event body.
@@ -73,14 +81,18 @@ mod tests {
     #[test]
     fn after_the_warm_up_a_commit_starts_the_wal_over() {
         let dir = tempfile::tempdir().unwrap();
-        let conn = keel_store::open_connection(&dir.path().join("floor.db")).unwrap();
-        conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+        let conn = open(&dir.path().join("floor.db")).unwrap();
+        let page_size: i64 = conn
+            .pragma_query_value(None, "page_size", |r| r.get(0))
+            .unwrap();
+        assert_eq!(page_size, keel_store::PAGE_SIZE, "keel-store's page size");
         conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
             .unwrap();
         warm_wal(&conn).unwrap();
         let wal = dir.path().join("floor.db-wal");
         let grown = std::fs::metadata(&wal).unwrap().len();
-        assert!(grown > 1000 * 4096, "the WAL grew to {grown} bytes");
+        let threshold = 1000 * keel_store::PAGE_SIZE.unsigned_abs();
+        assert!(grown > threshold, "the WAL grew to {grown} bytes");
         conn.execute("INSERT INTO t (body) VALUES ('x')", [])
             .unwrap();
         let frames: i64 = conn

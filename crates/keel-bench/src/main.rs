@@ -246,11 +246,11 @@ fn main() -> Result<()> {
             "none: this is the floor step_overhead_us is judged against",
             None,
             "One INSERT of a 300-byte row in BEGIN IMMEDIATE … COMMIT, WAL, synchronous = \
-             FULL (keel-store's settings, with the same build of SQLite and its VFS: it syncs \
+             FULL, keel-store's page size (its settings, with the same build of SQLite and its VFS: it syncs \
              with fdatasync, and writes a commit's WAL frames in one pwrite), in the same \
              temporary directory as the runs; half the commits before \
              the no-op and survey runs and half after them, each half in a new database whose WAL one \
-             unmeasured transaction of 1,200 pages first grew past the checkpoint threshold, so \
+             unmeasured transaction of 1,200 rows of 3.5 KB first grew past the checkpoint threshold, so \
              the measured commits write over it from its start, as a store in use does (a new \
              WAL's commits grow the file, and a sync then also writes its size and block map). \
              cpu_us_per_commit is this process's user + \
