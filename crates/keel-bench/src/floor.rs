@@ -1,7 +1,7 @@
-//! The floor: one single-row SQLite commit, synced to disk, with the settings, the build and
-//! the VFS of SQLite keel-store uses (pages of `keel_store::PAGE_SIZE`, WAL, `synchronous =
-//! FULL`, `fdatasync`, a commit's WAL frames written in one `pwrite`: `keel_store::vfs`), on
-//! the disk the other figures use.
+//! The floor: one single-row SQLite commit, synced to disk, through a connection keel-store
+//! makes (`keel_store::connect`: its build of SQLite, which syncs with `fdatasync`, its VFS,
+//! which writes a commit's WAL frames in one `pwrite`, its page size, WAL, `synchronous =
+//! FULL`), on the disk the other figures use.
 
 use std::path::Path;
 use std::time::Instant;
@@ -39,20 +39,11 @@ fn warm_wal(conn: &Connection) -> Result<()> {
     Ok(())
 }
 
-/// A new database with keel-store's page size, in WAL mode.
-fn open(path: &Path) -> Result<Connection> {
-    let conn = keel_store::open_connection(path)?;
-    conn.pragma_update(None, "page_size", keel_store::PAGE_SIZE)?;
-    conn.pragma_update(None, "journal_mode", "WAL")?;
-    Ok(conn)
-}
-
 /// The time of each of `n` commits, and the CPU time (user + system, this process) they took
 /// together, in microseconds.
 pub fn sqlite_commits(dir: &Path, n: usize) -> Result<(Vec<f64>, f64)> {
     std::fs::create_dir_all(dir)?;
-    let conn = open(&dir.join("floor.db"))?;
-    conn.pragma_update(None, "synchronous", "FULL")?;
+    let conn = keel_store::connect(&dir.join("floor.db"))?;
     conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")?;
     // About the size of a small event body.
     let body = "x".repeat(300);
@@ -81,7 +72,7 @@ mod tests {
     #[test]
     fn after_the_warm_up_a_commit_starts_the_wal_over() {
         let dir = tempfile::tempdir().unwrap();
-        let conn = open(&dir.path().join("floor.db")).unwrap();
+        let conn = keel_store::connect(&dir.path().join("floor.db")).unwrap();
         let page_size: i64 = conn
             .pragma_query_value(None, "page_size", |r| r.get(0))
             .unwrap();

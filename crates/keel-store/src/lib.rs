@@ -270,8 +270,10 @@ pub fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
 /// The page size of a store keel makes (see [`connect`]).
 pub const PAGE_SIZE: i64 = 2048;
 
-/// A connection to the store file at `path` with keel's settings (the schema is not touched).
-pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
+/// A connection to the store file at `path` (created if missing) with keel's settings: its VFS,
+/// [`PAGE_SIZE`] for a new file, WAL, `synchronous = FULL`. The schema is not touched.
+/// keel-bench's floor is a commit through such a connection.
+pub fn connect(path: &Path) -> Result<Connection, StoreError> {
     let sql = |source| StoreError::Sqlite {
         path: path.to_path_buf(),
         source,
