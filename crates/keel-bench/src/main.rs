@@ -236,6 +236,13 @@ fn main() -> Result<()> {
         survey = Some(s);
         template = Some(t);
     }
+    // The median of each half alone, so that a reader sees whether the floor moved between them
+    // (the machine's speed does, between reports and within one).
+    let (before, after) = floor_us.split_at(floor_us.len().min(o.floor_commits / 2));
+    let halves = json!({
+        "before_runs": (!before.is_empty()).then(|| round1(median(before))),
+        "after_runs": (!after.is_empty()).then(|| round1(median(after))),
+    });
     let floor = summary(&floor_us);
     let floor_median = floor["median"].as_f64().unwrap_or(0.0);
     let floor_cpu = round1(floor_cpu_us / floor_us.len().max(1) as f64);
@@ -255,9 +262,11 @@ fn main() -> Result<()> {
              WAL's commits grow the file, and a sync then also writes its size and block map). \
              cpu_us_per_commit is this process's user + \
              system time over those commits (the sync's work in the kernel included), divided \
-             by them.",
+             by them; median_of_each_half gives the two halves' medians alone (after_runs is \
+             null when no run was measured).",
         );
         f.insert("cpu_us_per_commit".into(), json!(floor_cpu));
+        f.insert("median_of_each_half".into(), halves);
         report.insert("sqlite_commit_us".into(), Value::Object(f));
     }
 

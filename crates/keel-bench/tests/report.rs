@@ -205,8 +205,23 @@ fn the_noop_section_alone_gives_the_step_figures() {
     let report = report(&["--steps", "20", "--only", "noop", "--keep"], tmp.path());
     assert_eq!(report["step_overhead_us"]["value"]["n"], 19, "{report:#}");
     assert!(report["cpu_us_per_step"]["value"]["process"].is_number());
-    // Both halves of the floor, before and after the no-op runs: 200 commits with --quick.
-    assert_eq!(report["sqlite_commit_us"]["value"]["n"], 200, "{report:#}");
+    // Both halves of the floor, before and after the no-op runs: 200 commits with --quick, and
+    // each half's median alone, within the range of all of them.
+    let floor = &report["sqlite_commit_us"];
+    assert_eq!(floor["value"]["n"], 200, "{report:#}");
+    for half in ["before_runs", "after_runs"] {
+        let median = floor["median_of_each_half"][half]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{half} is not a number:\n{floor:#}"));
+        let (min, max) = (
+            floor["value"]["min"].as_f64().unwrap(),
+            floor["value"]["max"].as_f64().unwrap(),
+        );
+        assert!(
+            (min - 0.05..=max + 0.05).contains(&median),
+            "{half}'s median {median} is outside {min}..{max}"
+        );
+    }
     for absent in [
         "survey_step_us",
         "prompt_tokens",
