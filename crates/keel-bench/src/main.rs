@@ -194,6 +194,8 @@ fn main() -> Result<()> {
     if on("floor") || on("survey") || on("noop") {
         (floor_us, floor_cpu_us) = floor::sqlite_commits(floor_dir.path(), o.floor_commits / 2)?;
     }
+    // Where the half made before the runs ends in `floor_us`.
+    let before_runs = floor_us.len();
 
     let mut survey = None;
     let mut template = None;
@@ -238,7 +240,7 @@ fn main() -> Result<()> {
     }
     // The median of each half alone, so that a reader sees whether the floor moved between them
     // (the machine's speed does, between reports and within one).
-    let (before, after) = floor_us.split_at(floor_us.len().min(o.floor_commits / 2));
+    let (before, after) = floor_us.split_at(before_runs);
     let halves = json!({
         "before_runs": (!before.is_empty()).then(|| round1(median(before))),
         "after_runs": (!after.is_empty()).then(|| round1(median(after))),
