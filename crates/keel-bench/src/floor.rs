@@ -39,9 +39,18 @@ fn warm_wal(conn: &Connection) -> Result<()> {
     Ok(())
 }
 
-/// The time of each of `n` commits, and the CPU time (user + system, this process) they took
-/// together, in microseconds.
-pub fn sqlite_commits(dir: &Path, n: usize) -> Result<(Vec<f64>, f64)> {
+/// `n` commits of the floor.
+pub struct Commits {
+    /// Each one's time, in microseconds.
+    pub times: Vec<f64>,
+    /// The CPU time (user + system, this process) they took together, in microseconds.
+    pub cpu_us: f64,
+    /// The bytes they wrote to the WAL together (`keel_store::vfs::wal_bytes_written`).
+    pub wal_bytes: u64,
+}
+
+/// Makes `n` commits of the floor in a new database in `dir`.
+pub fn sqlite_commits(dir: &Path, n: usize) -> Result<Commits> {
     std::fs::create_dir_all(dir)?;
     let conn = keel_store::connect(&dir.join("floor.db"))?;
     conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")?;
@@ -51,6 +60,7 @@ pub fn sqlite_commits(dir: &Path, n: usize) -> Result<(Vec<f64>, f64)> {
     warm_wal(&conn)?;
     let mut times = Vec::with_capacity(n);
     let cpu_from = crate::util::cpu();
+    let wal_from = keel_store::vfs::wal_bytes_written();
     for _ in 0..n {
         let started = Instant::now();
         conn.execute_batch("BEGIN IMMEDIATE")?;
@@ -59,7 +69,12 @@ pub fn sqlite_commits(dir: &Path, n: usize) -> Result<(Vec<f64>, f64)> {
         times.push(us(started.elapsed()));
     }
     let cpu_us = crate::util::cpu().process_us - cpu_from.process_us;
-    Ok((times, cpu_us))
+    let wal_bytes = keel_store::vfs::wal_bytes_written() - wal_from;
+    Ok(Commits {
+        times,
+        cpu_us,
+        wal_bytes,
+    })
 }
 
 #[cfg(test)]

@@ -190,9 +190,11 @@ fn main() -> Result<()> {
     // change under load.
     let mut floor_us = Vec::new();
     let mut floor_cpu_us = 0.0;
+    let mut floor_wal_bytes = 0;
     let floor_dir = tempfile::tempdir_in(&base)?;
     if on("floor") || on("survey") || on("noop") {
-        (floor_us, floor_cpu_us) = floor::sqlite_commits(floor_dir.path(), o.floor_commits / 2)?;
+        let first = floor::sqlite_commits(floor_dir.path(), o.floor_commits / 2)?;
+        (floor_us, floor_cpu_us, floor_wal_bytes) = (first.times, first.cpu_us, first.wal_bytes);
     }
     // Where the half made before the runs ends in `floor_us`.
     let before_runs = floor_us.len();
@@ -209,10 +211,11 @@ fn main() -> Result<()> {
             report.insert("kept_noop".into(), json!(n.workspace.display().to_string()));
         }
         if !survey_run {
-            let (again, cpu) =
+            let again =
                 floor::sqlite_commits(&floor_dir.path().join("again"), o.floor_commits / 2)?;
-            floor_us.extend(again);
-            floor_cpu_us += cpu;
+            floor_us.extend(again.times);
+            floor_cpu_us += again.cpu_us;
+            floor_wal_bytes += again.wal_bytes;
         }
         noop = Some(n);
     }
@@ -231,10 +234,10 @@ fn main() -> Result<()> {
             );
         }
         let t = synth::Template::from_log(&s.events, s.steps / 2)?;
-        let (again, cpu) =
-            floor::sqlite_commits(&floor_dir.path().join("again"), o.floor_commits / 2)?;
-        floor_us.extend(again);
-        floor_cpu_us += cpu;
+        let again = floor::sqlite_commits(&floor_dir.path().join("again"), o.floor_commits / 2)?;
+        floor_us.extend(again.times);
+        floor_cpu_us += again.cpu_us;
+        floor_wal_bytes += again.wal_bytes;
         survey = Some(s);
         template = Some(t);
     }
@@ -265,10 +268,16 @@ fn main() -> Result<()> {
              cpu_us_per_commit is this process's user + \
              system time over those commits (the sync's work in the kernel included), divided \
              by them; median_of_each_half gives the two halves' medians alone (after_runs is \
-             null when no run was measured).",
+             null when no run was measured); wal_pages_per_commit is the bytes they wrote to \
+             the WAL divided by them and by a WAL frame's size (a page and its 24-byte header): \
+             the pages each commit's sync carried to the disk.",
         );
         f.insert("cpu_us_per_commit".into(), json!(floor_cpu));
         f.insert("median_of_each_half".into(), halves);
+        f.insert(
+            "wal_pages_per_commit".into(),
+            json!(wal_pages(floor_wal_bytes, floor_us.len())),
+        );
         report.insert("sqlite_commit_us".into(), Value::Object(f));
     }
 
@@ -473,7 +482,20 @@ fn step_figure(
         json!(round1(median(&run.step_us[steps - tenth..]))),
     );
     f.insert("steps".into(), json!(steps));
+    // Over the steps the CPU is counted for (see `step_cpu`).
+    f.insert(
+        "wal_pages_per_step".into(),
+        json!(wal_pages(run.wal_bytes, steps)),
+    );
     (f, step_median)
+}
+
+/// WAL frames (a page and its header: keel-store's page size, as every store and floor the
+/// benchmark makes has) a commit or step from the bytes `count` of them wrote to the WAL, to
+/// two decimals.
+fn wal_pages(bytes: u64, count: usize) -> f64 {
+    let frame = keel_store::PAGE_SIZE.unsigned_abs() + keel_store::vfs::FRAME_HEADER as u64;
+    round2(bytes as f64 / count.max(1) as f64 / frame as f64)
 }
 
 /// A run's CPU per step: (keel's own, its children's), in µs.
@@ -503,7 +525,10 @@ fn noop_figures(
          assembles and counts its prompt and stores its request, reply and events in one \
          commit. The run is the store's second (the first, the same script, is not measured), \
          so that its commits write over WAL frames already on the disk, as the floor's do. \
-         survey_step_us is the same for the survey run's varied steps.",
+         wal_pages_per_step is the bytes written to the WAL over the same steps, divided by \
+         them and by a WAL frame's size: the pages each step's sync carried to the disk, \
+         beside the floor's wal_pages_per_commit. survey_step_us is the same for the survey \
+         run's varied steps.",
     );
     report.insert("step_overhead_us".into(), Value::Object(f));
 
@@ -545,7 +570,8 @@ fn survey_figures(
          (notes of 5-300 words, reads of 1-60 lines, plans of 1-12 items), each step's prompt \
          cut to context_tokens (4000: material is cut at almost every step). The run is the \
          store's first, so its first steps also grow the WAL. cpu_us is its CPU per step, as \
-         cpu_us_per_step. See step_breakdown for where a step goes.",
+         cpu_us_per_step; wal_pages_per_step as step_overhead_us's. See step_breakdown for \
+         where a step goes.",
     );
     f.insert(
         "cpu_us".into(),

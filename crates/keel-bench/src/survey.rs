@@ -36,6 +36,8 @@ pub struct Survey {
     pub commits: u64,
     /// Git processes keel started from the first step's start to the last step's start.
     pub git_processes: u64,
+    /// Bytes written to WAL files from the first step's start to the last step's start.
+    pub wal_bytes: u64,
     /// Artifacts kept in the store's own table (small ones, written with their events).
     pub stored_blobs: u64,
     /// Kept for the measurements that reuse the workspace and store.
@@ -44,16 +46,16 @@ pub struct Survey {
     pub db: PathBuf,
 }
 
-/// Notes the moment each agent step begins, and the CPU time and git processes so far at the
-/// first and the last of `steps`: the engine reports a step once it has recorded its
-/// `step_started` (after the previous step's commit), so the time between two reports is one
-/// whole step, its commit included. The CPU is read (two `getrusage` calls, each a system call)
+/// Notes the moment each agent step begins, and the CPU time, git processes and bytes written
+/// to WAL files so far at the first and the last of `steps`: the engine reports a step once it
+/// has recorded its `step_started` (after the previous step's commit), so the time between two
+/// reports is one whole step, its commit included. The CPU is read (two `getrusage` calls, each a system call)
 /// only at those two steps, so that what the clock itself costs is not counted as the steps'.
 struct StepClock {
     steps: usize,
     marks: Vec<Instant>,
-    first: Option<(Cpu, u64)>,
-    last: Option<(Cpu, u64)>,
+    first: Option<(Cpu, u64, u64)>,
+    last: Option<(Cpu, u64, u64)>,
 }
 
 impl StepClock {
@@ -73,7 +75,11 @@ impl Observer for StepClock {
             self.marks.push(Instant::now());
             let n = self.marks.len();
             if n == 1 || n == self.steps {
-                let now = Some((util::cpu(), keel_git::processes()));
+                let now = Some((
+                    util::cpu(),
+                    keel_git::processes(),
+                    keel_store::vfs::wal_bytes_written(),
+                ));
                 if n == 1 {
                     self.first = now;
                 }
@@ -208,6 +214,7 @@ pub fn run(
         children_us: last.0.children_us - first.0.children_us,
     };
     let git_processes = last.1 - first.1;
+    let wal_bytes = last.2 - first.2;
     let commits = store.commits() - commits_before;
     let stored_blobs = util::count_blobs(&db, &id)?;
     let projection_bytes = serde_json::to_string(&store.run(&id)?)?.len();
@@ -227,6 +234,7 @@ pub fn run(
         projection_bytes,
         commits,
         git_processes,
+        wal_bytes,
         stored_blobs,
         _dir: dir,
         workspace: ws,

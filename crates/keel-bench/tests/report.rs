@@ -89,6 +89,7 @@ fn the_quick_report_is_json_with_every_figure() {
     assert_eq!(report["step_overhead_us"]["value"]["n"], 19, "{report:#}");
     assert_eq!(report["survey_step_us"]["value"]["n"], 19, "{report:#}");
     assert!(report["survey_step_us"]["cpu_us"]["process"].is_number());
+    assert!(report["survey_step_us"]["wal_pages_per_step"].is_number());
     assert!(report["sqlite_commit_us"]["cpu_us_per_commit"].is_number());
     assert!(report["cpu_us_per_step"]["reference"]["floor_commit_cpu_us"].is_number());
     // What a process start costs the machine, beside the figures it explains: measured (a
@@ -222,6 +223,20 @@ fn the_noop_section_alone_gives_the_step_figures() {
             "{half}'s median {median} is outside {min}..{max}"
         );
     }
+    // The pages each commit's sync carried to the disk. A 300-byte row's commit writes its
+    // table's leaf, and page 1 and the leaf's parent only when it starts a new leaf; a step's
+    // commit writes pages of two tables at least: its log row's and its run's.
+    let floor_pages = floor["wal_pages_per_commit"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no wal_pages_per_commit:\n{floor:#}"));
+    assert!(
+        (1.0..2.0).contains(&floor_pages),
+        "a floor commit wrote {floor_pages} pages"
+    );
+    let step_pages = report["step_overhead_us"]["wal_pages_per_step"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no wal_pages_per_step:\n{report:#}"));
+    assert!(step_pages >= 2.0, "a no-op step wrote {step_pages} pages");
     for absent in [
         "survey_step_us",
         "prompt_tokens",

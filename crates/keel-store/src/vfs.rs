@@ -32,6 +32,7 @@
 use std::ffi::{CStr, c_int, c_void};
 use std::ptr;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rusqlite::ffi;
 
@@ -45,7 +46,19 @@ pub const NAME: &CStr = c"keel";
 const MOST: usize = 64 * 1024;
 
 /// The size of a WAL frame's header (the WAL file format).
-const FRAME_HEADER: usize = 24;
+pub const FRAME_HEADER: usize = 24;
+
+/// Bytes this process's connections of this VFS have written to WAL files, in writes that
+/// succeeded: a commit's frames (a header and a page each) and a new WAL's header.
+static WAL_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// The bytes this process has written to WAL files through this VFS so far, every connection
+/// and thread together (a checkpoint's writes to the database are not counted). The
+/// difference over some commits, divided by a frame's size (a page and [`FRAME_HEADER`]), is
+/// how many pages they wrote: what their syncs had to carry to the disk.
+pub fn wal_bytes_written() -> u64 {
+    WAL_BYTES.load(Ordering::Relaxed)
+}
 
 /// A WAL file as SQLite holds it: `base` first (SQLite reads only its `pMethods`), then this
 /// VFS's state; the `unix` VFS's own file follows in the same allocation, at [`HEADER`].
@@ -266,6 +279,9 @@ fn flush(w: &mut WalFile) -> c_int {
     };
     #[cfg(test)]
     tests::WAL_WRITES.with(|c| c.set(c.get() + 1));
+    if rc == ffi::SQLITE_OK {
+        WAL_BYTES.fetch_add(w.buf.len() as u64, Ordering::Relaxed);
+    }
     w.buf.clear();
     w.commit_header = false;
     rc
@@ -441,6 +457,42 @@ pub(crate) mod tests {
             .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get(1))
             .unwrap();
         assert!(frames >= 4 * 20, "the commits wrote {frames} frames");
+    }
+
+    /// Every byte a commit adds to the WAL is counted (other tests' connections may add to the
+    /// same count meanwhile, never take from it).
+    #[test]
+    fn the_bytes_written_to_the_wal_count_each_commit_s_frames() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let conn = open(&path, "FULL");
+        // No checkpoint: the WAL only grows, by the frames each commit writes.
+        conn.execute_batch(
+            "PRAGMA wal_autocheckpoint = 0; CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB);",
+        )
+        .unwrap();
+        let page: u64 = conn
+            .pragma_query_value(None, "page_size", |r| r.get(0))
+            .unwrap();
+        let wal = dir.path().join("db-wal");
+        let wal_len = || std::fs::metadata(&wal).map_or(0, |m| m.len());
+        for i in 0..5u8 {
+            let (counted, len) = (wal_bytes_written(), wal_len());
+            conn.execute(
+                "INSERT INTO t (body) VALUES (?1)",
+                [vec![i; 3 * page as usize]],
+            )
+            .unwrap();
+            let (counted, grew) = (wal_bytes_written() - counted, wal_len() - len);
+            assert!(
+                grew >= 3 * (page + FRAME_HEADER as u64),
+                "commit {i}: the WAL grew by {grew} bytes"
+            );
+            assert!(
+                counted >= grew,
+                "commit {i}: {counted} bytes counted, the WAL grew by {grew}"
+            );
+        }
     }
 
     #[test]
