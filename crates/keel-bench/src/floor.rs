@@ -40,6 +40,7 @@ fn warm_wal(conn: &Connection) -> Result<()> {
 }
 
 /// `n` commits of the floor.
+#[derive(Default)]
 pub struct Commits {
     /// Each one's time, in microseconds.
     pub times: Vec<f64>,
@@ -47,6 +48,15 @@ pub struct Commits {
     pub cpu_us: f64,
     /// The bytes they wrote to the WAL together (`keel_store::vfs::wal_bytes_written`).
     pub wal_bytes: u64,
+}
+
+impl Commits {
+    /// These and `more`, as if made together.
+    pub fn add(&mut self, more: Commits) {
+        self.times.extend(more.times);
+        self.cpu_us += more.cpu_us;
+        self.wal_bytes += more.wal_bytes;
+    }
 }
 
 /// Makes `n` commits of the floor in a new database in `dir`.

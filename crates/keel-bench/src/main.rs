@@ -188,16 +188,18 @@ fn main() -> Result<()> {
 
     // Half the floor first, the other half after the no-op and survey runs: the disk may
     // change under load.
-    let mut floor_us = Vec::new();
-    let mut floor_cpu_us = 0.0;
-    let mut floor_wal_bytes = 0;
+    let mut floor_commits = floor::Commits::default();
     let floor_dir = tempfile::tempdir_in(&base)?;
     if on("floor") || on("survey") || on("noop") {
-        let first = floor::sqlite_commits(floor_dir.path(), o.floor_commits / 2)?;
-        (floor_us, floor_cpu_us, floor_wal_bytes) = (first.times, first.cpu_us, first.wal_bytes);
+        floor_commits.add(floor::sqlite_commits(
+            floor_dir.path(),
+            o.floor_commits / 2,
+        )?);
     }
-    // Where the half made before the runs ends in `floor_us`.
-    let before_runs = floor_us.len();
+    // Where the half made before the runs ends in `floor_commits.times`.
+    let before_runs = floor_commits.times.len();
+    let second_half =
+        || floor::sqlite_commits(&floor_dir.path().join("again"), o.floor_commits / 2);
 
     let mut survey = None;
     let mut template = None;
@@ -211,11 +213,7 @@ fn main() -> Result<()> {
             report.insert("kept_noop".into(), json!(n.workspace.display().to_string()));
         }
         if !survey_run {
-            let again =
-                floor::sqlite_commits(&floor_dir.path().join("again"), o.floor_commits / 2)?;
-            floor_us.extend(again.times);
-            floor_cpu_us += again.cpu_us;
-            floor_wal_bytes += again.wal_bytes;
+            floor_commits.add(second_half()?);
         }
         noop = Some(n);
     }
@@ -234,23 +232,21 @@ fn main() -> Result<()> {
             );
         }
         let t = synth::Template::from_log(&s.events, s.steps / 2)?;
-        let again = floor::sqlite_commits(&floor_dir.path().join("again"), o.floor_commits / 2)?;
-        floor_us.extend(again.times);
-        floor_cpu_us += again.cpu_us;
-        floor_wal_bytes += again.wal_bytes;
+        floor_commits.add(second_half()?);
         survey = Some(s);
         template = Some(t);
     }
     // The median of each half alone, so that a reader sees whether the floor moved between them
     // (the machine's speed does, between reports and within one).
+    let floor_us = &floor_commits.times;
     let (before, after) = floor_us.split_at(before_runs);
     let halves = json!({
         "before_runs": (!before.is_empty()).then(|| round1(median(before))),
         "after_runs": (!after.is_empty()).then(|| round1(median(after))),
     });
-    let floor = summary(&floor_us);
+    let floor = summary(floor_us);
     let floor_median = floor["median"].as_f64().unwrap_or(0.0);
-    let floor_cpu = round1(floor_cpu_us / floor_us.len().max(1) as f64);
+    let floor_cpu = round1(floor_commits.cpu_us / floor_us.len().max(1) as f64);
     if !floor_us.is_empty() {
         let mut f = figure(
             floor.clone(),
@@ -276,7 +272,7 @@ fn main() -> Result<()> {
         f.insert("median_of_each_half".into(), halves);
         f.insert(
             "wal_pages_per_commit".into(),
-            json!(wal_pages(floor_wal_bytes, floor_us.len())),
+            json!(wal_pages(floor_commits.wal_bytes, floor_us.len())),
         );
         report.insert("sqlite_commit_us".into(), Value::Object(f));
     }

@@ -46,16 +46,25 @@ pub struct Survey {
     pub db: PathBuf,
 }
 
-/// Notes the moment each agent step begins, and the CPU time, git processes and bytes written
-/// to WAL files so far at the first and the last of `steps`: the engine reports a step once it
-/// has recorded its `step_started` (after the previous step's commit), so the time between two
-/// reports is one whole step, its commit included. The CPU is read (two `getrusage` calls, each a system call)
-/// only at those two steps, so that what the clock itself costs is not counted as the steps'.
+/// Notes the moment each agent step begins, and a [`Tally`] at the first and the last of
+/// `steps`: the engine reports a step once it has recorded its `step_started` (after the
+/// previous step's commit), so the time between two reports is one whole step, its commit
+/// included. The CPU is read (two `getrusage` calls, each a system call) only at those two
+/// steps, so that what the clock itself costs is not counted as the steps'.
 struct StepClock {
     steps: usize,
     marks: Vec<Instant>,
-    first: Option<(Cpu, u64, u64)>,
-    last: Option<(Cpu, u64, u64)>,
+    first: Option<Tally>,
+    last: Option<Tally>,
+}
+
+/// What the process has spent so far: CPU time, git processes started, bytes written to WAL
+/// files.
+#[derive(Clone, Copy)]
+struct Tally {
+    cpu: Cpu,
+    git_processes: u64,
+    wal_bytes: u64,
 }
 
 impl StepClock {
@@ -75,11 +84,11 @@ impl Observer for StepClock {
             self.marks.push(Instant::now());
             let n = self.marks.len();
             if n == 1 || n == self.steps {
-                let now = Some((
-                    util::cpu(),
-                    keel_git::processes(),
-                    keel_store::vfs::wal_bytes_written(),
-                ));
+                let now = Some(Tally {
+                    cpu: util::cpu(),
+                    git_processes: keel_git::processes(),
+                    wal_bytes: keel_store::vfs::wal_bytes_written(),
+                });
                 if n == 1 {
                     self.first = now;
                 }
@@ -210,11 +219,11 @@ pub fn run(
         bail!("the step clock did not read the CPU at the first and the last step");
     };
     let cpu = Cpu {
-        process_us: last.0.process_us - first.0.process_us,
-        children_us: last.0.children_us - first.0.children_us,
+        process_us: last.cpu.process_us - first.cpu.process_us,
+        children_us: last.cpu.children_us - first.cpu.children_us,
     };
-    let git_processes = last.1 - first.1;
-    let wal_bytes = last.2 - first.2;
+    let git_processes = last.git_processes - first.git_processes;
+    let wal_bytes = last.wal_bytes - first.wal_bytes;
     let commits = store.commits() - commits_before;
     let stored_blobs = util::count_blobs(&db, &id)?;
     let projection_bytes = serde_json::to_string(&store.run(&id)?)?.len();
