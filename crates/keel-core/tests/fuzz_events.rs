@@ -20,11 +20,12 @@ use keel_core::budget::{BudgetLimits, BudgetName};
 use keel_core::contract::Tier;
 use keel_core::event::{
     ApprovalRequest, Block, BudgetStop, Check, Decision, DecodeError, EVENT_VERSION, EffectStatus,
-    Event, EventBody, Evidence, Gate, OnExpiry, PhaseOutline, StepId,
+    EventBody, Evidence, Gate, OnExpiry, PhaseOutline, StepId,
 };
 use keel_core::fingerprint::{Fingerprint, FingerprintChange};
 use keel_core::state::RunState;
 use keel_test_support::fuzz::{self, ByteEdit, apply, apply_bytes};
+use keel_test_support::oracle::events::check;
 use proptest::prelude::*;
 use proptest::sample::Index;
 use serde_json::{Value, json};
@@ -288,53 +289,6 @@ fn byte_edit() -> BoxedStrategy<ByteEdit> {
                 .boxed(),
         ],
     )
-}
-
-// ---- the check ----------------------------------------------------------------------------------
-
-/// Decodes `text` as a version-1 body and checks whatever comes back.
-fn check(text: &str) {
-    match EventBody::decode(EVENT_VERSION, text) {
-        Ok(body) => {
-            // A real event: its encoding decodes to the same value, and encoding is stable.
-            let encoded = body.encode();
-            assert!(!encoded.is_empty());
-            assert_eq!(
-                EventBody::decode(EVENT_VERSION, &encoded).as_ref(),
-                Ok(&body),
-                "re-encoding changed the event decoded from {text}"
-            );
-            assert_eq!(
-                EventBody::decode(EVENT_VERSION, &encoded).unwrap().encode(),
-                encoded
-            );
-            // Its kind is the one the text names, whatever else the text holds.
-            let named: Value = serde_json::from_str(text).unwrap();
-            assert_eq!(
-                named.get("kind").and_then(Value::as_str),
-                Some(body.kind()),
-                "the text names another kind than the event it decoded to: {text}"
-            );
-        }
-        Err(DecodeError::Body(message)) => {
-            assert!(!message.trim().is_empty(), "a refusal without a reason");
-            let shown = DecodeError::Body(message).to_string();
-            assert!(shown.starts_with("event body does not decode: "), "{shown}");
-        }
-        Err(other) => panic!("version 1 was refused as a version: {other}"),
-    }
-    // Any other version is refused as such, whatever the body.
-    for version in [0, 2, u32::MAX] {
-        assert_eq!(
-            EventBody::decode(version, text),
-            Err(DecodeError::Version(version))
-        );
-    }
-    // The envelope type decodes or refuses without a panic, and what it accepts round-trips.
-    if let Ok(event) = serde_json::from_str::<Event>(text) {
-        let again: Event = serde_json::from_str(&serde_json::to_string(&event).unwrap()).unwrap();
-        assert_eq!(again, event);
-    }
 }
 
 // ---- properties ---------------------------------------------------------------------------------

@@ -23,10 +23,9 @@ use keel_core::event::{EVENT_VERSION, EventBody, GENESIS_HASH, StepId};
 use keel_core::state::RunState;
 use keel_store::{ChainProblem, CheckpointRow, StoredEvent, verify_chain};
 use keel_test_support::fuzz::{self, ByteEdit};
+use keel_test_support::oracle::store::{RUN, check_decode, check_log_row};
 use proptest::prelude::*;
 use proptest::sample::Index;
-
-const RUN: &str = "0190a5b2-7c3d-7e4f-8a9b-0c1d2e3f4a5b";
 
 fn bodies() -> Vec<EventBody> {
     let step = StepId { phase: 0, index: 0 };
@@ -201,28 +200,6 @@ fn change(e: &mut StoredEvent, c: &Column) {
     }
 }
 
-/// Decoding never panics; a refusal names the run and the event.
-fn check_decode(e: &StoredEvent) {
-    match e.decode() {
-        Ok(event) => {
-            assert_eq!(event.run_id, e.run_id);
-            assert_eq!(event.seq, e.seq);
-            assert_eq!(
-                EventBody::decode(EVENT_VERSION, &event.body.encode()).as_ref(),
-                Ok(&event.body)
-            );
-        }
-        Err(err) => {
-            let shown = err.to_string();
-            assert!(
-                shown.starts_with(&format!("run {}, event {}: ", e.run_id, e.seq)),
-                "{shown}"
-            );
-            assert!(shown.len() > format!("run {}, event {}: ", e.run_id, e.seq).len());
-        }
-    }
-}
-
 proptest! {
     #![proptest_config(fuzz::config())]
 
@@ -355,11 +332,42 @@ proptest! {
                 }
             }
         }
+        check_log_row(&damaged);
         let blobs = vec![("a".repeat(64), 0, b"bytes".to_vec()), ("b".repeat(64), 1, damaged)];
         let (column, _) = keel_store::log::encode_blobs(&blobs);
         let cut = edits.iter().fold(column, fuzz::apply_bytes);
         let _ = keel_store::log::decode_blobs(&cut);
+        check_log_row(&cut);
     }
+
+    #[test]
+    fn arbitrary_bytes_as_a_log_row_are_refused_or_read_back_exactly(
+        bytes in proptest::collection::vec(any::<u8>(), 0..600),
+    ) {
+        check_log_row(&bytes);
+    }
+}
+
+#[test]
+fn a_valid_log_row_passes_the_oracle_and_reads_back_as_written() {
+    // The oracle the fuzz target `log_row` shares must pass what keel writes, packed or not.
+    let events = chain();
+    let encoded = keel_store::log::encode_events(&events);
+    check_log_row(&encoded);
+    let (codec, packed) = keel_store::log::pack(encoded.clone());
+    assert_ne!(
+        codec,
+        keel_store::log::RAW,
+        "the sample chain is long enough to pack"
+    );
+    check_log_row(&packed);
+    assert_eq!(
+        keel_store::log::decode_events(RUN, codec, &packed),
+        Ok(events)
+    );
+    let blobs = vec![("a".repeat(64), 0, b"bytes".to_vec())];
+    let (column, _) = keel_store::log::encode_blobs(&blobs);
+    check_log_row(&column);
 }
 
 #[test]

@@ -5,6 +5,7 @@ pub mod fuzz;
 pub mod invariants;
 pub mod mcp;
 pub mod model_server;
+pub mod oracle;
 pub mod priority;
 pub mod rng;
 pub mod runs;
