@@ -37,7 +37,7 @@ pub fn check(source: &str) -> Result<Contract, ContractError> {
     result
 }
 
-pub fn assert_says_where_and_why(err: &ContractError, source: &str) {
+fn assert_says_where_and_why(err: &ContractError, source: &str) {
     assert!(
         !err.diagnostics.is_empty(),
         "a refusal without a diagnostic"
@@ -74,24 +74,24 @@ pub fn assert_says_where_and_why(err: &ContractError, source: &str) {
     }
 }
 
-pub fn is_name(s: &str) -> bool {
+fn is_name(s: &str) -> bool {
     (1..=64).contains(&s.chars().count())
         && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
-pub fn is_env_name(s: &str) -> bool {
+fn is_env_name(s: &str) -> bool {
     !s.is_empty()
         && !s.starts_with(|c: char| c.is_ascii_digit())
         && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-pub fn blank(s: &str) -> bool {
+fn blank(s: &str) -> bool {
     s.trim().is_empty()
 }
 
 /// Everything `Contract`'s documentation promises about a parsed contract.
-pub fn assert_keeps_its_promises(c: &Contract, source: &str) {
+fn assert_keeps_its_promises(c: &Contract, source: &str) {
     assert_eq!(c.source, source);
     assert_eq!(c.hash, blake3::hash(source.as_bytes()).to_hex().to_string());
 
@@ -339,7 +339,7 @@ pub fn assert_keeps_its_promises(c: &Contract, source: &str) {
     }
 }
 
-pub fn keel_mcp_like_name(name: &str) -> bool {
+fn keel_mcp_like_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && name
             .bytes()

@@ -36,7 +36,7 @@ pub fn client(provider: Provider) -> &'static Client {
     }
 }
 
-pub fn make_client(provider: Provider) -> Client {
+fn make_client(provider: Provider) -> Client {
     Client::new(ClientConfig {
         provider,
         // Never called: these tests only parse.
@@ -55,7 +55,7 @@ pub fn make_client(provider: Provider) -> Client {
 // ---- what each wire format allows, restated -------------------------------------------------------
 
 /// The reply a well-formed answer must give, or `None` for an answer that must be refused.
-pub fn expected(p: Provider, body: &[u8]) -> Option<ModelReply> {
+fn expected(p: Provider, body: &[u8]) -> Option<ModelReply> {
     let root: Value = serde_json::from_slice(body).ok()?;
     let u64_at = |usage: &Value, k: &str| usage.get(k).and_then(Value::as_u64).unwrap_or(0);
     let text_of = |v: Option<&Value>| -> Option<String> {
@@ -173,6 +173,8 @@ pub fn expected(p: Provider, body: &[u8]) -> Option<ModelReply> {
 
 // ---- the check ----------------------------------------------------------------------------------
 
+/// Parses `body` as provider `p`'s answer and checks the reply, or the refusal, against what
+/// the wire format allows.
 pub fn check(p: Provider, body: &[u8]) {
     let parsed = client(p).parse(body);
     match (&parsed, expected(p, body)) {

@@ -19,7 +19,7 @@ use serde_json::Value;
 
 /// A tool: an object with a non-empty string `name`, an object `inputSchema`, and a `description`
 /// that is a string, null or absent.
-pub fn is_valid_tool(v: &Value) -> bool {
+fn is_valid_tool(v: &Value) -> bool {
     let Some(obj) = v.as_object() else {
         return false;
     };
@@ -32,7 +32,7 @@ pub fn is_valid_tool(v: &Value) -> bool {
             .is_none_or(|d| d.is_null() || d.is_string())
 }
 
-pub fn list_items(v: &Value) -> Option<&Vec<Value>> {
+fn list_items(v: &Value) -> Option<&Vec<Value>> {
     match v {
         Value::Array(items) => Some(items),
         Value::Object(obj) => obj.get("tools").and_then(Value::as_array),
@@ -40,7 +40,7 @@ pub fn list_items(v: &Value) -> Option<&Vec<Value>> {
     }
 }
 
-pub fn is_valid_tool_list(v: &Value) -> bool {
+fn is_valid_tool_list(v: &Value) -> bool {
     let Some(items) = list_items(v) else {
         return false;
     };
@@ -50,7 +50,7 @@ pub fn is_valid_tool_list(v: &Value) -> bool {
         .all(|t| is_valid_tool(t) && names.insert(t["name"].as_str().unwrap_or_default()))
 }
 
-pub fn is_valid_block(b: &Value) -> bool {
+fn is_valid_block(b: &Value) -> bool {
     let Some(obj) = b.as_object() else {
         return false;
     };
@@ -62,7 +62,7 @@ pub fn is_valid_block(b: &Value) -> bool {
     }
 }
 
-pub fn is_valid_call_result(v: &Value) -> bool {
+fn is_valid_call_result(v: &Value) -> bool {
     let Some(obj) = v.as_object() else {
         return false;
     };
@@ -79,7 +79,7 @@ pub fn is_valid_call_result(v: &Value) -> bool {
 
 /// `at` names a place in `input`: the node itself, or (for a required key that is missing) the
 /// object that lacks it. `root` is what the parser calls the whole input.
-pub fn assert_points_into(input: &Value, err: &ParseError, root: &str) {
+fn assert_points_into(input: &Value, err: &ParseError, root: &str) {
     assert!(
         !err.problem.trim().is_empty(),
         "an error without a problem: {err:?}"
@@ -117,7 +117,7 @@ pub fn assert_points_into(input: &Value, err: &ParseError, root: &str) {
     );
 }
 
-pub fn check_tool(input: &Value) {
+fn check_tool(input: &Value) {
     match parse_tool(input) {
         Ok(tool) => {
             assert!(
@@ -147,7 +147,7 @@ pub fn check_tool(input: &Value) {
     }
 }
 
-pub fn check_tool_list(input: &Value) {
+fn check_tool_list(input: &Value) {
     match parse_tool_list(input) {
         Ok(tools) => {
             assert!(
@@ -170,7 +170,7 @@ pub fn check_tool_list(input: &Value) {
     }
 }
 
-pub fn check_call_result(input: &Value) {
+fn check_call_result(input: &Value) {
     match parse_call_result(input) {
         Ok(outcome) => {
             assert!(
@@ -208,6 +208,8 @@ pub fn check_call_result(input: &Value) {
     }
 }
 
+/// Reads `input` as a tool, a `tools/list` answer and a `tools/call` result (and each item of a
+/// list as a tool), and checks each parse against what the MCP shapes allow.
 pub fn check_all(input: &Value) {
     check_tool(input);
     check_tool_list(input);
