@@ -12,9 +12,9 @@
 # script says how to replay it; make it a regression test named after what it found.
 #
 # The targets are built with SanitizerCoverage (the `-C passes=sancov-module` flags cargo fuzz
-# uses, which stable rustc takes) but without AddressSanitizer, which needs nightly: keel has no
-# unsafe code of its own, and what is looked for is a panic, a hang, an abort or garbage
-# accepted. With a nightly toolchain and cargo-fuzz, `cd fuzz && cargo fuzz run TARGET` works too.
+# uses, which stable rustc takes) but without AddressSanitizer, which needs nightly: the code the
+# targets reach has no unsafe block of keel's (those are in the store's VFS, the sandbox and
+# keel-git's spawn), and what is looked for is a panic, a hang, an abort or garbage accepted. With a nightly toolchain and cargo-fuzz, `cd fuzz && cargo fuzz run TARGET` works too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
