@@ -5,16 +5,19 @@
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
 #
 # SECONDS (default 60) is each target's time; the targets default to all of them: contract,
-# event_body, log_row, mcp, llm_reply. Each starts from the seeds in the repository (the
-# contracts of crates/keel-core/tests/contracts/, the event bodies of the old-log fixtures,
+# event_body, log_row, mcp, llm_reply, drivers, api. Each starts from the seeds in the repository
+# (the contracts of crates/keel-core/tests/contracts/, the event bodies of the old-log fixtures,
 # fuzz/seeds/<target>/) and from what earlier runs found, kept in fuzz/corpus/<target>/ (not
-# committed). An input that broke a target is written to fuzz/artifacts/<target>/ and the
+# committed). The `api` target makes a git workspace and a store for its run in a temporary
+# directory, removed when the script ends. An input that broke a target is written to fuzz/artifacts/<target>/ and the
 # script says how to replay it; make it a regression test named after what it found.
 #
 # The targets are built with SanitizerCoverage (the `-C passes=sancov-module` flags cargo fuzz
-# uses, which stable rustc takes) but without AddressSanitizer, which needs nightly: the code the
-# targets reach has no unsafe block of keel's (those are in the store's VFS, the sandbox and
-# keel-git's spawn), and what is looked for is a panic, a hang, an abort or garbage accepted. With a nightly toolchain and cargo-fuzz, `cd fuzz && cargo fuzz run TARGET` works too.
+# uses, which stable rustc takes) but without AddressSanitizer, which needs nightly: what is
+# looked for is a panic, a hang, an abort or garbage accepted. Of keel's few unsafe blocks (the
+# store's VFS, the sandbox, keel-git's spawn) only the `api` target reaches any: the store's VFS
+# and, when its run is made, keel-git's spawn. With a nightly toolchain and cargo-fuzz,
+# `cd fuzz && cargo fuzz run TARGET` works too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +27,7 @@ if ! [[ "$seconds" =~ ^[1-9][0-9]*$ ]]; then
     exit 2
 fi
 shift || true
-all=(contract event_body log_row mcp llm_reply)
+all=(contract event_body log_row mcp llm_reply drivers api)
 targets=("$@")
 if [ "${#targets[@]}" -eq 0 ]; then
     targets=("${all[@]}")
@@ -49,10 +52,16 @@ bin="fuzz/target/$host/release"
 seeds_of() {
     case "$1" in
         contract) echo crates/keel-core/tests/contracts/good crates/keel-core/tests/contracts/bad ;;
-        mcp | llm_reply) echo "fuzz/seeds/$1" ;;
+        mcp | llm_reply | api) echo "fuzz/seeds/$1" ;;
+        drivers) echo fuzz/seeds/drivers fuzz/seeds/llm_reply ;;
         *) ;;
     esac
 }
+
+# What a target makes outside the tree (the `api` target's workspace) goes here, and goes.
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+export TMPDIR="$scratch"
 
 failed=()
 for t in "${targets[@]}"; do

@@ -9,9 +9,10 @@
 //! (values swapped for wrong types, huge numbers, long strings and deep nesting; keys removed,
 //! added and repeated; bytes flipped, cut and inserted, invalid UTF-8 included):
 //! - no parse panics;
-//! - a parse accepts exactly the answers the wire format allows (restated plainly below), so
-//!   garbage never becomes a reply, and what it accepts is what the server sent: the calls with
-//!   their ids, names and argument text, the text, the usage, the stop reason;
+//! - a parse accepts exactly the answers the wire format allows (restated plainly in
+//!   `keel_test_support::oracle::llm`), so garbage never becomes a reply, and what it accepts is
+//!   what the server sent: the calls with their ids, names and argument text, the text, the
+//!   usage, the stop reason;
 //! - a reply survives being stored (serialised and read back unchanged);
 //! - a refusal is `Malformed`, says what is missing, shows the start of the body, and never shows
 //!   the API key, even when the server echoes it.

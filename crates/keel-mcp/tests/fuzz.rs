@@ -10,7 +10,7 @@
 //! removed and added; bytes flipped, cut and inserted):
 //! - no parser panics;
 //! - a parser accepts exactly what the MCP shapes allow (checked against a plain restatement of
-//!   them below), so garbage is never taken for a tool or a result;
+//!   them in `keel_test_support::oracle::mcp`), so garbage is never taken for a tool or a result;
 //! - what it accepts is what the server sent (names, schemas, hints, flags, texts);
 //! - an error says where (`tools[3].name`, a place that exists in the input) and what is wrong.
 

@@ -11,6 +11,7 @@ pub mod rng;
 pub mod runs;
 pub mod service;
 pub mod survey;
+pub mod workspace;
 
 use std::path::Path;
 use std::process::Command;

@@ -2,7 +2,9 @@
 //! (oracles) that keel's property tests and its coverage-guided fuzz targets (`fuzz/`) share, so
 //! that a fuzzer's input is held to exactly the promises the tests hold a generated one to.
 
+pub mod api;
 pub mod contract;
+pub mod drivers;
 pub mod events;
 pub mod llm;
 pub mod mcp;
