@@ -209,3 +209,27 @@ fn a_delegated_command_record_that_keel_did_not_write_is_refused() {
         assert!(err.contains("not one keel writes"), "{record}: {err}");
     }
 }
+
+#[test]
+fn a_script_action_with_a_repeated_key_whose_first_value_is_wrong_is_refused() {
+    // Found by the fuzz target `drivers`: serde reads a key's first value before it sees the key
+    // again, so the refusal of `"usage"` written twice named the first value's type, not the
+    // repeat, and the oracle, reading the line as a `Value` that keeps the last, took the line
+    // for a valid one. keel refuses it, as it must; the oracle now sees repeated keys.
+    let line = r#"{"usage": [{"tgs": {"text": "x"}}, {"tool": "w|ite", "uments": "{not json"}], "usage": {"input_tokens": 1, "output_tokens": 2}}"#;
+    let err = script_driver().parse(line.as_bytes()).unwrap_err();
+    assert!(err.contains("expected u64"), "{err}");
+    for line in [
+        line,
+        r#"{"tool": "read", "tool": "note"}"#,
+        r#"{"calls": [{"tool": "read", "args": {}, "args": {}}]}"#,
+        r#"{"tool": "note", "usage": {"input_tokens": 1, "input_tokens": "x", "output_tokens": 2}}"#,
+    ] {
+        assert!(script_driver().parse(line.as_bytes()).is_err(), "{line}");
+        check_all(line.as_bytes());
+    }
+    // A key repeated inside a call's arguments, which keel keeps as JSON, is no reason to refuse.
+    let line = r#"{"tool": "note", "args": {"text": "a", "text": "b"}}"#;
+    assert!(script_driver().parse(line.as_bytes()).is_ok());
+    check_all(line.as_bytes());
+}

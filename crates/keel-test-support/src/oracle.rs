@@ -6,6 +6,7 @@ pub mod api;
 pub mod contract;
 pub mod drivers;
 pub mod events;
+mod json;
 pub mod llm;
 pub mod mcp;
 pub mod store;

@@ -15,11 +15,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::fmt;
-
-use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::{Value, json};
 
+use super::json::Ordered;
 use crate::workspace::Workspace;
 
 // ---- the endpoints -------------------------------------------------------------------------------
@@ -118,46 +116,26 @@ impl Endpoint {
     }
 }
 
-/// A JSON object's entries in order, repeats kept (a `Value` keeps only the last).
-struct Entries(Vec<(String, Value)>);
-
-impl<'de> Deserialize<'de> for Entries {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Entries, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Entries;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries, A::Error> {
-                let mut out = Vec::new();
-                while let Some(entry) = map.next_entry::<String, Value>()? {
-                    out.push(entry);
-                }
-                Ok(Entries(out))
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
-
 /// The body as the endpoint must read it: `Some(entries)` for a JSON object with only the
 /// endpoint's keys, each once and of its type; `None` for anything else.
 pub fn readable(endpoint: Endpoint, body: &[u8]) -> Option<Vec<(String, Value)>> {
-    let Entries(entries) = serde_json::from_slice(body).ok()?;
-    let mut seen = Vec::new();
-    for (k, v) in &entries {
-        let (_, slot) = endpoint.keys().iter().find(|(name, _)| name == k)?;
-        if seen.contains(&k) {
-            return None;
-        }
-        seen.push(k);
+    let parsed = Ordered::parse(body)?;
+    if parsed.repeats_a_key() {
+        return None;
+    }
+    let Ordered::Object(entries) = parsed else {
+        return None;
+    };
+    let mut out = Vec::new();
+    for (k, v) in entries {
+        let (_, slot) = endpoint.keys().iter().find(|(name, _)| *name == k)?;
         match (slot, v) {
-            (_, Value::String(_)) | (Slot::OptionalString, Value::Null) => {}
+            (_, Ordered::Scalar(v @ Value::String(_)))
+            | (Slot::OptionalString, Ordered::Scalar(v @ Value::Null)) => out.push((k, v)),
             _ => return None,
         }
     }
-    Some(entries)
+    Some(out)
 }
 
 // ---- the check -------------------------------------------------------------------------------------

@@ -20,6 +20,8 @@ use keel_engine::DriverOverride;
 use keel_engine::driver::{CommandDriver, Driver, ScriptDriver};
 use serde_json::{Value, json};
 
+use super::json::Ordered;
+
 /// A script driver over an empty script: its `parse` reads one line given to it.
 pub fn script_driver() -> ScriptDriver {
     let file = tempfile::NamedTempFile::new().unwrap();
@@ -124,6 +126,9 @@ fn expected_script(body: &[u8]) -> Expect {
     let Some(obj) = v.as_object() else {
         return Expect::Refuse;
     };
+    if repeats_a_field(body) {
+        return Expect::Either;
+    }
     if obj.keys().any(|k| !ACTION_KEYS.contains(&k.as_str())) {
         return Expect::Refuse;
     }
@@ -195,6 +200,25 @@ fn expected_script(body: &[u8]) -> Expect {
     })
 }
 
+/// Whether a key is written twice in an object a script line's parse reads as a struct: the
+/// action, one of its calls, its usage. serde refuses that, but not always by saying so: it reads
+/// the first value before it sees the second key, and a first value of the wrong type is what
+/// it reports. A `Value` keeps only the last, so the restatement above cannot see it.
+fn repeats_a_field(body: &[u8]) -> bool {
+    let Some(action) = Ordered::parse(body) else {
+        return false;
+    };
+    let Ordered::Object(entries) = &action else {
+        return false;
+    };
+    action.repeats_a_key()
+        || entries.iter().any(|(k, v)| match (k.as_str(), v) {
+            ("calls", Ordered::Array(calls)) => calls.iter().any(Ordered::repeats_a_key),
+            ("usage", usage) => usage.repeats_a_key(),
+            _ => false,
+        })
+}
+
 fn expected_record(body: &[u8]) -> Expect {
     let Ok(v) = serde_json::from_slice::<Value>(body) else {
         return Expect::Refuse;
@@ -250,12 +274,7 @@ fn check(what: &str, driver: &dyn Driver, expect: Expect, body: &[u8]) {
             )
         }
         (Err(message), Expect::Accept(_)) => {
-            // serde refuses a repeated key, which a parsed `Value` no longer shows.
-            assert!(
-                message.contains("duplicate field"),
-                "{what}: refused a valid one ({message}): {}",
-                shown()
-            );
+            panic!("{what}: refused a valid one ({message}): {}", shown())
         }
     }
 }
