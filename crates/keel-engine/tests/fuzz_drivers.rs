@@ -224,6 +224,7 @@ fn a_script_action_with_a_repeated_key_whose_first_value_is_wrong_is_refused() {
         r#"{"tool": "read", "tool": "note"}"#,
         r#"{"calls": [{"tool": "read", "args": {}, "args": {}}]}"#,
         r#"{"tool": "note", "usage": {"input_tokens": 1, "input_tokens": "x", "output_tokens": 2}}"#,
+        r#"{"tool": "note", "tool": "read", "note": 1}"#,
     ] {
         assert!(script_driver().parse(line.as_bytes()).is_err(), "{line}");
         check_all(line.as_bytes());

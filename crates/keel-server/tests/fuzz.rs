@@ -252,7 +252,7 @@ fn a_body_that_is_a_json_array_is_refused_not_read_by_position() {
 }
 
 #[test]
-fn the_fuzz_targets_router_in_this_process_reads_bodies_as_the_served_one() {
+fn the_fuzz_targets_router_in_this_process_is_held_to_the_same_oracle() {
     // The fuzz target `api` sends its inputs to the router in its own process, not over a
     // socket; this holds that path to the same oracle, on the target's own seeds.
     let r = InProcess::gated();

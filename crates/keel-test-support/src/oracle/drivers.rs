@@ -126,11 +126,12 @@ fn expected_script(body: &[u8]) -> Expect {
     let Some(obj) = v.as_object() else {
         return Expect::Refuse;
     };
-    if repeats_a_field(body) {
-        return Expect::Either;
-    }
     if obj.keys().any(|k| !ACTION_KEYS.contains(&k.as_str())) {
         return Expect::Refuse;
+    }
+    // Only now: a key keel does not know is refused however often it is written.
+    if repeats_a_field(body) {
+        return Expect::Either;
     }
     let mut calls = Vec::new();
     match obj.get("calls") {
